@@ -1,0 +1,44 @@
+// Operating-system calls used by the core. Everything Linux-specific lives in
+// platform_linux.cpp so that another platform needs only one new file.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace shmvec::platform {
+
+// An anonymous shared-memory file of `size` bytes (memfd). Returns the fd, or
+// -errno on failure. It has no name, so nothing can leak in /dev/shm.
+int create_shared_file(std::size_t size);
+// Grows or shrinks a shared file. Returns 0 or -errno.
+int resize_shared_file(int fd, std::size_t size);
+// Maps `size` bytes of a shared file read-write and MAP_SHARED; nullptr on error.
+void* map_shared(int fd, std::size_t size);
+void unmap(void* addr, std::size_t size);
+
+enum class WaitResult { changed, timed_out, interrupted };
+
+// Sleeps while *word == expected, at most `timeout_ns` (futex without the
+// private flag: the word is shared between processes).
+WaitResult futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns);
+// Wakes up to `count` sleepers on `word`.
+void futex_wake(std::atomic<uint32_t>* word, int count);
+
+// Non-blocking check of a set of fds: returns the index of the first one that
+// is readable or hung up (a process sentinel or the end of a pipe), or -1.
+int first_ready_fd(const int* fds, int count);
+
+// Monotonic clock in nanoseconds.
+int64_t now_ns();
+
+// Tells the CPU we are in a spin loop (x86 `pause`, Arm `yield`).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace shmvec::platform

@@ -1,0 +1,77 @@
+#include "platform.hpp"
+
+#include <cerrno>
+#include <ctime>
+#include <climits>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace shmvec::platform {
+
+int create_shared_file(std::size_t size) {
+  int fd = static_cast<int>(syscall(SYS_memfd_create, "shmvec-arena", MFD_CLOEXEC));
+  if (fd < 0) return -errno;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int err = errno;
+    close(fd);
+    return -err;
+  }
+  return fd;
+}
+
+int resize_shared_file(int fd, std::size_t size) {
+  return ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : -errno;
+}
+
+void* map_shared(int fd, std::size_t size) {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void unmap(void* addr, std::size_t size) {
+  if (addr) munmap(addr, size);
+}
+
+WaitResult futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout_ns / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout_ns % 1000000000);
+  // FUTEX_WAIT, not FUTEX_WAIT_PRIVATE: the word is in a MAP_SHARED mapping
+  // watched by other processes.
+  long rc = syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts,
+                    nullptr, 0);
+  if (rc == 0) return WaitResult::changed;
+  if (errno == ETIMEDOUT) return WaitResult::timed_out;
+  if (errno == EINTR) return WaitResult::interrupted;
+  return WaitResult::changed;  // EAGAIN: the word had already changed
+}
+
+void futex_wake(std::atomic<uint32_t>* word, int count) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
+}
+
+int first_ready_fd(const int* fds, int count) {
+  constexpr int kMax = 256;
+  struct pollfd p[kMax];
+  int n = count < kMax ? count : kMax;
+  for (int i = 0; i < n; ++i) {
+    p[i].fd = fds[i];
+    p[i].events = POLLIN;
+    p[i].revents = 0;
+  }
+  if (poll(p, static_cast<nfds_t>(n), 0) <= 0) return -1;
+  for (int i = 0; i < n; ++i)
+    if (p[i].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) return i;
+  return -1;
+}
+
+int64_t now_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace shmvec::platform

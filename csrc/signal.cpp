@@ -1,0 +1,20 @@
+#include "signal.hpp"
+
+#include <algorithm>
+
+namespace shmvec {
+
+int64_t AdaptiveSpin::budget_ns() const {
+  if (mean_ns_ > static_cast<double>(max_ns_)) return min_ns_;
+  const int64_t want = static_cast<int64_t>(2.0 * mean_ns_) + min_ns_;
+  return std::clamp(want, min_ns_, max_ns_);
+}
+
+void AdaptiveSpin::observe(int64_t waited_ns) {
+  // Cap each sample so one long pause (a checkpoint, an evaluation) moves the
+  // mean by at most half the cap: a few short waits bring spinning back.
+  const double sample = static_cast<double>(std::min(waited_ns, 4 * max_ns_));
+  mean_ns_ += 0.125 * (sample - mean_ns_);
+}
+
+}  // namespace shmvec

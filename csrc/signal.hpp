@@ -1,0 +1,78 @@
+// Signalling between processes through words in shared memory: spin for a
+// bounded, adaptive time, then sleep on a futex in timed slices.
+//
+// Protocol (one writer per word): the waiter announces itself in a `sleeping`
+// word before it sleeps; the publisher wakes only if it sees that flag. The
+// waiter's (store sleeping, load word) and the publisher's (store word, load
+// sleeping) are all seq_cst: of two such store-then-load pairs at least one
+// load sees the other side's store, so either the waiter sees the new value or
+// the publisher sees the flag and wakes it. With weaker orderings both loads
+// could read stale values and the wake-up would be lost until the next slice.
+#pragma once
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+#include "platform.hpp"
+
+namespace shmvec {
+
+// A spin budget derived from how long recent waits took. If the peer usually
+// answers within the cap, spin a little longer than it usually takes; if it
+// usually takes longer than the cap, spinning is wasted CPU (and steals a core
+// from the peer on small machines), so sleep almost at once.
+class AdaptiveSpin {
+ public:
+  AdaptiveSpin(int64_t min_ns, int64_t max_ns) : min_ns_(min_ns), max_ns_(max_ns) {}
+  int64_t budget_ns() const;
+  void observe(int64_t waited_ns);
+  void set_limits(int64_t min_ns, int64_t max_ns) {
+    min_ns_ = min_ns;
+    max_ns_ = max_ns;
+  }
+
+ private:
+  int64_t min_ns_, max_ns_;
+  double mean_ns_ = 0.0;
+};
+
+// Stores `value` in `word` and wakes sleepers if any announced themselves.
+inline void publish(std::atomic<uint32_t>& word, uint32_t value,
+                    const std::atomic<uint32_t>& sleeping) {
+  word.store(value, std::memory_order_seq_cst);
+  if (sleeping.load(std::memory_order_seq_cst)) platform::futex_wake(&word, INT_MAX);
+}
+
+// Waits until ready(value of word) holds. Spins for `spin_ns`, then sleeps in
+// slices of `slice_ns`; after each slice calls on_slice(), which returns false
+// to give up (timeout, dead peer, pending signal). Returns whether ready.
+// Memory order: `ready` is evaluated on acquire loads, so whatever the
+// publisher wrote before its release (or seq_cst) store is visible after.
+template <class Ready, class OnSlice>
+bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Ready ready,
+                int64_t spin_ns, int64_t slice_ns, OnSlice on_slice) {
+  if (ready(word.load(std::memory_order_acquire))) return true;
+  const int64_t start = platform::now_ns();
+  do {
+    for (int k = 0; k < 16; ++k) {
+      platform::cpu_relax();
+      if (ready(word.load(std::memory_order_acquire))) return true;
+    }
+  } while (platform::now_ns() - start < spin_ns);
+
+  for (;;) {
+    sleeping.store(1, std::memory_order_seq_cst);
+    uint32_t seen = word.load(std::memory_order_seq_cst);
+    if (ready(seen)) {
+      sleeping.store(0, std::memory_order_relaxed);
+      return true;
+    }
+    platform::futex_wait(&word, seen, slice_ns);
+    sleeping.store(0, std::memory_order_relaxed);
+    if (ready(word.load(std::memory_order_acquire))) return true;
+    if (!on_slice()) return false;
+  }
+}
+
+}  // namespace shmvec

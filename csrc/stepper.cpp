@@ -1,0 +1,253 @@
+#include "stepper.hpp"
+
+#include <cstring>
+#include <string>
+
+namespace shmvec {
+
+namespace {
+
+ArrayLeaf make_leaf(py::handle obj) {
+  ArrayLeaf leaf;
+  leaf.batch = py::reinterpret_borrow<py::array>(obj);
+  if (!(leaf.batch.flags() & py::array::c_style) || !leaf.batch.writeable())
+    throw std::invalid_argument("arena leaves must be writable C-contiguous arrays");
+  leaf.data = static_cast<char*>(leaf.batch.mutable_data());
+  leaf.dtype = leaf.batch.dtype();
+  leaf.kind = leaf.dtype.kind();
+  leaf.itemsize = leaf.dtype.itemsize();
+  leaf.row_bytes = leaf.itemsize;
+  for (py::ssize_t d = 1; d < leaf.batch.ndim(); ++d) {
+    leaf.row_shape.push_back(leaf.batch.shape(d));
+    leaf.row_bytes *= leaf.batch.shape(d);
+  }
+  return leaf;
+}
+
+// Leaves given as a list of arrays or None; `targets` gets a pointer per leaf.
+void make_leaves(py::list objs, std::vector<ArrayLeaf>& leaves, std::vector<ArrayLeaf*>& targets) {
+  leaves.reserve(objs.size());  // no reallocation: targets point into it
+  for (py::handle obj : objs) {
+    if (obj.is_none()) {
+      targets.push_back(nullptr);
+    } else {
+      leaves.push_back(make_leaf(obj));
+      targets.push_back(&leaves.back());
+    }
+  }
+}
+
+[[noreturn]] void raise_value_error(const std::string& msg) {
+  PyErr_SetString(PyExc_ValueError, msg.c_str());
+  throw py::error_already_set();
+}
+
+// Splits an env's return value into exactly `n` items, as tuple unpacking
+// would, with an error that names the env and the method.
+py::tuple unpack(py::handle result, size_t n, py::ssize_t row, const char* method) {
+  py::tuple t;
+  if (PyTuple_Check(result.ptr())) {
+    t = py::reinterpret_borrow<py::tuple>(result);
+  } else {
+    PyObject* seq = PySequence_Tuple(result.ptr());
+    if (!seq) {
+      PyErr_Clear();
+      raise_value_error("env " + std::to_string(row) + ": " + method + "() returned " +
+                        std::string(py::str(py::type::of(result).attr("__name__"))) +
+                        ", expected a tuple of " + std::to_string(n) + " values");
+    }
+    t = py::reinterpret_steal<py::tuple>(seq);
+  }
+  if (t.size() != n)
+    raise_value_error("env " + std::to_string(row) + ": " + method + "() returned " +
+                      std::to_string(t.size()) + " values, expected " + std::to_string(n));
+  return t;
+}
+
+bool is_empty_dict(py::handle obj) { return PyDict_Check(obj.ptr()) && PyDict_GET_SIZE(obj.ptr()) == 0; }
+
+}  // namespace
+
+Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
+                 py::object action_builder, py::list obs_leaves, py::list final_obs_leaves,
+                 py::object obs_flattener, py::array rewards, py::array terminations,
+                 py::array truncations, int autoreset_mode, py::object write_fallback)
+    : first_row_(first_row),
+      action_builder_(std::move(action_builder)),
+      obs_flattener_(std::move(obs_flattener)),
+      mode_(static_cast<AutoresetMode>(autoreset_mode)),
+      write_fallback_(std::move(write_fallback)),
+      step_name_("step"),
+      reset_name_("reset"),
+      copy_name_("copy") {
+  for (py::handle env : envs) envs_.push_back(py::reinterpret_borrow<py::object>(env));
+  needs_reset_.assign(envs_.size(), 0);
+  std::vector<ArrayLeaf*> action_targets;
+  make_leaves(action_leaves, action_leaves_, action_targets);
+  action_is_single_leaf_ = action_builder_.is_none();
+  if (action_is_single_leaf_ && action_leaves_.size() != 1)
+    throw std::invalid_argument("an action space of one fixed leaf needs exactly one leaf");
+  action_leaf_is_row_ = action_is_single_leaf_ && !action_leaves_[0].row_shape.empty();
+  make_leaves(obs_leaves, obs_leaves_, obs_targets_);
+  make_leaves(final_obs_leaves, final_leaves_, final_targets_);
+  if (obs_flattener_.is_none() && (obs_targets_.size() != 1 || obs_targets_[0] == nullptr))
+    throw std::invalid_argument("an observation space of one fixed leaf needs exactly one leaf");
+  auto check_flags = [](py::array& a, const char* kind) {
+    if (a.dtype().kind() != kind[0] || !(a.flags() & py::array::c_style))
+      throw std::invalid_argument("bad arena array for rewards or flags");
+  };
+  check_flags(rewards, "f");
+  check_flags(terminations, "b");
+  check_flags(truncations, "b");
+  keep_rewards_ = rewards;
+  keep_terminations_ = terminations;
+  keep_truncations_ = truncations;
+  rewards_ = static_cast<double*>(rewards.mutable_data());
+  terminations_ = static_cast<bool*>(terminations.mutable_data());
+  truncations_ = static_cast<bool*>(truncations.mutable_data());
+}
+
+void Stepper::write_leaf(ArrayLeaf& leaf, py::ssize_t row, py::handle value) {
+  char* dst = leaf.data + row * leaf.row_bytes;
+  PyObject* v = value.ptr();
+  // Fast path 1: an array of exactly the leaf's dtype and shape: one memcpy.
+  if (py::array::check_(value)) {
+    auto a = py::reinterpret_borrow<py::array>(value);
+    if (a.ndim() == static_cast<py::ssize_t>(leaf.row_shape.size()) &&
+        (a.flags() & py::array::c_style)) {
+      bool same_shape = true;
+      for (size_t d = 0; d < leaf.row_shape.size(); ++d)
+        same_shape = same_shape && a.shape(d) == leaf.row_shape[d];
+      if (same_shape && a.dtype().is(leaf.dtype)) {
+        std::memcpy(dst, a.data(), leaf.row_bytes);
+        return;
+      }
+      if (same_shape && a.dtype().equal(leaf.dtype)) {
+        std::memcpy(dst, a.data(), leaf.row_bytes);
+        return;
+      }
+    }
+  } else if (leaf.row_shape.empty()) {
+    // Fast path 2: a Python int or float for a scalar leaf (Discrete obs).
+    if (PyLong_CheckExact(v) && leaf.kind == 'i' && leaf.itemsize == 8) {
+      int overflow = 0;
+      long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+      if (!overflow && !(x == -1 && PyErr_Occurred())) {
+        int64_t y = x;
+        std::memcpy(dst, &y, 8);
+        return;
+      }
+      PyErr_Clear();
+    } else if (PyFloat_CheckExact(v) && leaf.kind == 'f' && leaf.itemsize == 8) {
+      double d = PyFloat_AS_DOUBLE(v);
+      std::memcpy(dst, &d, 8);
+      return;
+    }
+  }
+  // Everything else (casts, wrong shapes, scalars of numpy types): Python
+  // does what SyncVectorEnv's np.stack would, or raises naming the env.
+  write_fallback_(leaf.batch, row, value);
+}
+
+py::object Stepper::write_leaves(std::vector<ArrayLeaf*>& targets, py::ssize_t row,
+                                 py::handle obs) {
+  if (obs_flattener_.is_none()) {
+    write_leaf(*targets[0], row, obs);
+    return py::none();
+  }
+  py::object flat = obs_flattener_(obs);
+  py::list values = py::reinterpret_borrow<py::list>(flat);
+  if (values.size() != targets.size()) raise_value_error("observation flattener gave the wrong number of leaves");
+  py::list objects;
+  for (size_t k = 0; k < targets.size(); ++k) {
+    if (targets[k])
+      write_leaf(*targets[k], row, values[k]);
+    else
+      objects.append(values[k]);
+  }
+  if (objects.size() == 0) return py::none();
+  return std::move(objects);
+}
+
+py::object Stepper::write_observation(py::ssize_t row, py::handle obs) {
+  return write_leaves(obs_targets_, row, obs);
+}
+
+py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
+  if (!action_is_single_leaf_) return action_builder_(row, objects);
+  PyObject* item = PySequence_GetItem(action_leaves_[0].batch.ptr(), row);
+  if (!item) throw py::error_already_set();
+  auto action = py::reinterpret_steal<py::object>(item);
+  // A row of a multi-dimensional leaf is a view into the arena, which the
+  // next step overwrites: hand the env its own copy.
+  if (action_leaf_is_row_) return action.attr(copy_name_)();
+  return action;
+}
+
+py::object Stepper::step(py::object object_actions) {
+  py::object records = py::none();
+  const bool have_objects = !object_actions.is_none();
+  const py::ssize_t n = num_envs();
+  for (py::ssize_t k = 0; k < n; ++k) {
+    const py::ssize_t row = first_row_ + k;
+    failed_row_ = row;
+    py::object& env = envs_[k];
+    py::object info, final_info, objects, final_objects;
+
+    if (mode_ == AutoresetMode::next_step && needs_reset_[k]) {
+      py::tuple r = unpack(env.attr(reset_name_)(), 2, row, "reset");
+      objects = write_leaves(obs_targets_, row, r[0]);
+      info = r[1];
+      rewards_[row] = 0.0;
+      terminations_[row] = false;
+      truncations_[row] = false;
+      needs_reset_[k] = 0;
+    } else {
+      py::object action =
+          build_action(row, have_objects ? py::handle(object_actions[py::int_(k)]) : py::handle(Py_None));
+      PyObject* raw = PyObject_CallMethodOneArg(env.ptr(), step_name_.ptr(), action.ptr());
+      if (!raw) throw py::error_already_set();
+      auto result = py::reinterpret_steal<py::object>(raw);
+      py::tuple r = unpack(result, 5, row, "step");
+      double reward = PyFloat_AsDouble(r[1].ptr());
+      if (reward == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+      int terminated = PyObject_IsTrue(r[2].ptr());
+      if (terminated < 0) throw py::error_already_set();
+      int truncated = PyObject_IsTrue(r[3].ptr());
+      if (truncated < 0) throw py::error_already_set();
+      rewards_[row] = reward;
+      terminations_[row] = terminated;
+      truncations_[row] = truncated;
+      info = r[4];
+      const bool ended = terminated || truncated;
+      if (mode_ == AutoresetMode::same_step && ended) {
+        // The terminal observation goes to its own buffer before the reset
+        // overwrites the row.
+        final_objects = write_leaves(final_targets_, row, r[0]);
+        final_info = std::move(info);
+        py::tuple reset = unpack(env.attr(reset_name_)(), 2, row, "reset");
+        objects = write_leaves(obs_targets_, row, reset[0]);
+        info = reset[1];
+      } else {
+        objects = write_leaves(obs_targets_, row, r[0]);
+        needs_reset_[k] = ended;
+      }
+    }
+
+    const bool has_info = !is_empty_dict(info);
+    const bool ended_same_step = static_cast<bool>(final_info);
+    const bool has_objects = objects && !objects.is_none();
+    const bool has_final_objects = final_objects && !final_objects.is_none();
+    if (has_info || ended_same_step || has_objects || has_final_objects) {
+      if (records.is_none()) records = py::list();
+      py::none none;
+      records.cast<py::list>().append(py::make_tuple(
+          row, has_info ? info : none, ended_same_step, ended_same_step ? final_info : none,
+          has_objects ? objects : none, has_final_objects ? final_objects : none));
+    }
+  }
+  failed_row_ = -1;
+  return records;
+}
+
+}  // namespace shmvec

@@ -1,0 +1,88 @@
+// The per-env work of a step, in native code: read the action row, call
+// env.step, write every observation leaf, the reward and the flags into the
+// arena, autoreset. Runs with the GIL held (it calls Python envs); the same
+// code serves worker processes and a caller that steps a slice itself.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <vector>
+
+namespace shmvec {
+
+namespace py = pybind11;
+
+enum class AutoresetMode { next_step = 0, same_step = 1, disabled = 2 };
+
+// One fixed-shape leaf of a space: a (num_envs, *shape) array in the arena.
+struct ArrayLeaf {
+  py::array batch;
+  char* data = nullptr;
+  py::ssize_t row_bytes = 0;
+  std::vector<py::ssize_t> row_shape;
+  py::dtype dtype;
+  char kind = 0;  // numpy dtype kind: 'f', 'i', 'u', 'b'
+  py::ssize_t itemsize = 0;
+};
+
+class Stepper {
+ public:
+  // envs: this slice's envs, rows first_row .. first_row + len(envs) - 1.
+  // *_leaves: one entry per leaf of the space, an arena array or None for a
+  // leaf without a fixed shape (it travels by pickle in the records).
+  // action_builder(row, objects) builds a structured action; None when the
+  // action space is one fixed leaf. obs_flattener(obs) lists an observation's
+  // leaves; None when the observation space is one fixed leaf.
+  // write_fallback(target, row, value) writes what the fast paths do not
+  // handle (casts, validation, errors that name the env).
+  Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves, py::object action_builder,
+          py::list obs_leaves, py::list final_obs_leaves, py::object obs_flattener,
+          py::array rewards, py::array terminations, py::array truncations, int autoreset_mode,
+          py::object write_fallback);
+
+  // Steps every env of the slice. `object_actions` is None, or a list (one
+  // per env) of the action's non-fixed leaves. Returns None when nothing but
+  // arrays came out, else a list of records, in row order:
+  //   (row, info or None, ended, final_info, objects or None, final_objects or None)
+  // `ended` is true when a SAME_STEP episode ended (final_info is then the
+  // terminal step's info). Raises the env's own exception; failed_row says where.
+  py::object step(py::object object_actions);
+
+  // Writes an observation of env `row` (e.g. after an explicit reset) and
+  // returns its non-fixed leaves (a list) or None.
+  py::object write_observation(py::ssize_t row, py::handle obs);
+  // After an explicit reset the env is no longer waiting for an autoreset.
+  void clear_autoreset(py::ssize_t row) { needs_reset_.at(row - first_row_) = 0; }
+
+  py::ssize_t first_row() const { return first_row_; }
+  py::ssize_t num_envs() const { return static_cast<py::ssize_t>(envs_.size()); }
+  py::ssize_t failed_row() const { return failed_row_; }
+
+ private:
+  py::object build_action(py::ssize_t row, py::handle objects);
+  // Returns the list of non-fixed leaves (or None) after writing fixed ones.
+  py::object write_leaves(std::vector<ArrayLeaf*>& targets, py::ssize_t row, py::handle obs);
+  void write_leaf(ArrayLeaf& leaf, py::ssize_t row, py::handle value);
+
+  std::vector<py::object> envs_;
+  py::ssize_t first_row_;
+  std::vector<ArrayLeaf> action_leaves_;
+  bool action_is_single_leaf_;
+  bool action_leaf_is_row_;  // the leaf has a shape, so a row view must be copied
+  py::object action_builder_;
+  std::vector<ArrayLeaf> obs_leaves_, final_leaves_;
+  std::vector<ArrayLeaf*> obs_targets_, final_targets_;  // nullptr = non-fixed leaf
+  py::object obs_flattener_;
+  double* rewards_;
+  bool* terminations_;
+  bool* truncations_;
+  AutoresetMode mode_;
+  py::object write_fallback_;
+  std::vector<uint8_t> needs_reset_;
+  py::ssize_t failed_row_ = -1;
+  py::str step_name_, reset_name_, copy_name_;
+  py::array keep_rewards_, keep_terminations_, keep_truncations_;
+};
+
+}  // namespace shmvec

@@ -1,0 +1,56 @@
+"""What the operating system tells us about CPUs, and pinning. Linux-only
+calls of the Python side live here, so another platform needs one new file."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+__all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu"]
+
+IS_LINUX = sys.platform.startswith("linux")
+
+
+def allowed_cpu_ids() -> list[int]:
+    """CPU ids this process may run on (its affinity mask)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def _cgroup_cpu_limit() -> float | None:
+    """The CPU quota of this process's cgroup in CPUs, if it has one."""
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+            quota_us = int(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+            period_us = int(f.read())
+        if quota_us > 0 and period_us > 0:
+            return quota_us / period_us
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process can really use: its affinity mask, capped by any
+    cgroup CPU quota (a 2-CPU container on a 96-core host gives 2)."""
+    n = len(allowed_cpu_ids())
+    limit = _cgroup_cpu_limit()
+    if limit is not None:
+        n = min(n, max(1, math.ceil(limit)))
+    return max(1, n)
+
+
+def pin_to_cpu(cpu: int) -> None:
+    """Pins the calling process to one CPU."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})

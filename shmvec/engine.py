@@ -1,0 +1,455 @@
+"""The engine under every front end: the arena, the worker processes, the
+caller's own slice, and the commands that drive them. Front ends (Gymnasium,
+SB3, Ray actors) stay thin over it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from shmvec import _core
+from shmvec import protocol as P
+from shmvec._system import IS_LINUX, allowed_cpu_ids, usable_cpus
+from shmvec.env_slice import EnvSlice
+from shmvec.errors import RemoteTraceback, ShmVecError, WorkerDiedError
+from shmvec.layout import DataLayout
+from shmvec.worker import FdHandle, WorkerSpec
+from shmvec.worker import main as worker_main
+
+__all__ = ["Engine", "split_slices", "default_num_workers"]
+
+START_METHODS = ("fork", "forkserver", "spawn")
+REQUEST_CAPACITY = 64 * 1024
+REPLY_CAPACITY = 1024 * 1024  # virtual until touched: pages are allocated on first write
+CLOSE_GRACE_S = 5.0
+
+# CPUs taken by pinned workers of live engines in this process, so that a
+# second vector env (train and eval) does not pile onto the same cores.
+_pinned_cpus: Counter[int] = Counter()
+_pinned_lock = threading.Lock()
+
+
+def default_num_workers(num_envs: int, caller_steps: bool) -> int:
+    """One stepping process per usable CPU, the caller counting as one."""
+    slots = usable_cpus() - (1 if caller_steps else 0)
+    cap = num_envs - (1 if caller_steps else 0)
+    return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
+
+
+def split_slices(num_envs: int, num_slices: int) -> list[range]:
+    """Contiguous slices whose sizes differ by at most one."""
+    base, extra = divmod(num_envs, num_slices)
+    out, start = [], 0
+    for k in range(num_slices):
+        size = base + (1 if k < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def _take_cpus(count: int, pin: bool | Sequence[int]) -> list[int | None]:
+    if pin is False or count == 0:
+        return [None] * count
+    with _pinned_lock:
+        if pin is True:
+            allowed = allowed_cpu_ids()
+            # least-used CPUs first, then from the top (CPU 0 takes most interrupts)
+            chosen = sorted(allowed, key=lambda c: (_pinned_cpus[c], -c))[:count]
+            chosen = [chosen[k % len(chosen)] for k in range(count)]
+        else:
+            cpus = [int(c) for c in pin]
+            if len(cpus) < count:
+                raise ValueError(f"pin_workers lists {len(cpus)} CPUs for {count} workers")
+            chosen = cpus[:count]
+        _pinned_cpus.update(chosen)
+    return chosen
+
+
+def _release_cpus(cpus: list[int | None]) -> None:
+    with _pinned_lock:
+        for c in cpus:
+            if c is not None:
+                _pinned_cpus[c] -= 1
+                if _pinned_cpus[c] <= 0:
+                    del _pinned_cpus[c]
+
+
+def _raise_remote(error: P.RemoteError) -> None:
+    exc = error.exc
+    exc.__cause__ = RemoteTraceback(f"\n(in shmvec env {error.row})\n{error.tb}")
+    raise exc
+
+
+class Engine:
+    """Steps `env_fns` in `num_workers` processes (and, with `caller_steps`,
+    one slice in the calling process), all through one shared arena."""
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        *,
+        num_workers: int | None = None,
+        caller_steps: bool = True,
+        pin_workers: bool | Sequence[int] = False,
+        start_method: str | None = None,
+        autoreset_code: int = 0,
+        timeout: float | None = None,
+    ):
+        if not IS_LINUX:
+            raise OSError(
+                "shmvec runs on Linux only (it needs memfd and futex); "
+                "use gymnasium.vector.SyncVectorEnv or AsyncVectorEnv on this platform"
+            )
+        env_fns = list(env_fns)
+        if not env_fns:
+            raise ValueError("env_fns is empty: pass at least one env factory")
+        if not all(callable(fn) for fn in env_fns):
+            raise TypeError("env_fns must be callables that each return a gymnasium.Env")
+        if num_workers is not None and (not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool)):
+            raise TypeError(f"num_workers must be an int or None, got {num_workers!r}")
+        if num_workers is not None and num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if num_workers == 0 and not caller_steps:
+            raise ValueError("num_workers=0 needs caller_steps=True (someone has to step the envs)")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        start_method = start_method or "forkserver"
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+        if not (isinstance(pin_workers, bool) or (isinstance(pin_workers, Sequence) and not isinstance(pin_workers, str))):
+            raise TypeError(f"pin_workers must be False, True or a list of CPU ids, got {pin_workers!r}")
+
+        self.num_envs = len(env_fns)
+        if num_workers is None:
+            num_workers = default_num_workers(self.num_envs, caller_steps)
+        num_slices = int(num_workers) + (1 if caller_steps else 0)
+        if num_slices > self.num_envs:
+            raise ValueError(
+                f"{num_workers} workers{' and the caller' if caller_steps else ''} need at least "
+                f"{num_slices} envs, got {self.num_envs}"
+            )
+        self.num_workers = int(num_workers)
+        self.timeout = -1.0 if timeout is None else float(timeout)
+        self.start_method = start_method
+        self.closed = False
+        self.broken: str | None = None  # why the engine can no longer step
+        self._processes: list[mp.process.BaseProcess] = []
+        self._cpus: list[int | None] = []
+        self._fd = -1
+        self._parent_write = -1
+        self._caller: EnvSlice | None = None
+
+        slices = split_slices(self.num_envs, num_slices)
+        caller_rows = slices.pop(0) if caller_steps else None
+        self.worker_rows = slices
+        self._finalizer = weakref.finalize(self, Engine._cleanup, self._processes, self._cpus, [])
+        try:
+            self._start_workers(env_fns, pin_workers)
+            if caller_rows is not None:
+                self._caller = EnvSlice([env_fns[i]() for i in caller_rows], caller_rows.start)
+            self._describe_and_attach(autoreset_code)
+        except BaseException:
+            self.close(terminate=True)
+            raise
+
+    # -- set-up -------------------------------------------------------------
+
+    def _start_workers(self, env_fns, pin_workers) -> None:
+        w = self.num_workers
+        fixed = _core.fixed_region_size(w, REQUEST_CAPACITY, REPLY_CAPACITY)
+        self._fixed_size = fixed
+        self._fd = _core.create_shared_file(fixed)
+        self._boot = _core.Mapping(self._fd, fixed)
+        self._channel = _core.FrontChannel(self._boot, w, REQUEST_CAPACITY, REPLY_CAPACITY, True)
+        buf = memoryview(self._boot)
+        self._request_areas, self._reply_areas = [], []
+        for k in range(w):
+            req, rep = _core.area_offsets(w, REQUEST_CAPACITY, REPLY_CAPACITY, k)
+            self._request_areas.append(buf[req:req + REQUEST_CAPACITY])
+            self._reply_areas.append(buf[rep:rep + REPLY_CAPACITY])
+        if w == 0:
+            self._sentinels: list[int] = []
+            return
+        read_end, self._parent_write = os.pipe()
+        self._cpus[:] = _take_cpus(w, pin_workers)
+        ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            # Workers start in milliseconds when the server has these loaded.
+            ctx.set_forkserver_preload(["shmvec.worker"])
+        try:
+            for k, rows in enumerate(self.worker_rows):
+                spec = WorkerSpec(
+                    index=k, num_workers=w, first_row=rows.start,
+                    factories=cloudpickle.dumps([env_fns[i] for i in rows]),
+                    arena=FdHandle(self._fd), fixed_size=fixed,
+                    request_capacity=REQUEST_CAPACITY, reply_capacity=REPLY_CAPACITY,
+                    parent_alive=FdHandle(read_end), parent_write_fd=self._parent_write,
+                    start_method=self.start_method, cpu=self._cpus[k],
+                )
+                p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=True)
+                p.start()
+                self._processes.append(p)
+        finally:
+            os.close(read_end)  # children hold their own copies
+        self._sentinels = [p.sentinel for p in self._processes]
+        self._channel.post(list(range(w)), P.DESCRIBE)
+
+    def _describe_and_attach(self, autoreset_code: int) -> None:
+        descriptions = []
+        if self._caller is not None:
+            descriptions.append(self._caller.describe())
+        if self.num_workers:
+            replies = self._collect(range(self.num_workers))
+            descriptions += [P.loads(r) for r in replies]
+        first = descriptions[0]
+        for d in descriptions[1:]:
+            for key in ("observation_space", "action_space"):
+                if d[key] != first[key]:
+                    raise RuntimeError(
+                        f"the envs do not share one {key.replace('_', ' ')}: "
+                        f"{first[key]} and {d[key]}"
+                    )
+        self.description = first
+        obs_space, act_space = first["observation_space"], first["action_space"]
+        self.layout = DataLayout(obs_space, act_space, self.num_envs, self._fixed_size)
+        total = self._fixed_size + self.layout.size
+        _core.resize_shared_file(self._fd, total)
+        self._data = _core.Mapping(self._fd, total)
+        self.views = self.layout.views(self._data)
+        if self._caller is not None:
+            self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
+        if self.num_workers:
+            attach = P.dumps((self.layout, obs_space, act_space, autoreset_code))
+            self._post(P.ATTACH, [attach] * self.num_workers)
+            self._collect(range(self.num_workers))
+        os.close(self._fd)  # the mappings and the workers keep the memory
+        self._fd = -1
+
+    # -- commands -----------------------------------------------------------
+
+    def check_usable(self) -> None:
+        if self.broken:
+            raise ShmVecError(self.broken)
+
+    def _wait(self) -> None:
+        code = self._channel.wait(self._sentinels, self.timeout)
+        if code == 0:
+            return
+        if code < 0:
+            self.broken = (
+                f"a shmvec command timed out after {self.timeout} s; the vector env can only be closed"
+            )
+            raise TimeoutError(
+                f"shmvec workers did not answer within timeout={self.timeout} s "
+                "(an env may hang); close() the vector env"
+            )
+        worker = code - 1
+        p = self._processes[worker]
+        p.join(timeout=1.0)
+        error = WorkerDiedError(worker, self.worker_rows[worker], p.exitcode)
+        self.broken = str(error)
+        raise error
+
+    def drain(self) -> None:
+        """Finishes a command left in flight (e.g. by KeyboardInterrupt)."""
+        if self.num_workers and self._channel.busy:
+            self._wait()
+
+    def _read_replies(self, workers) -> list[bytes]:
+        """Each finished worker's reply, fetching chunks of large ones; the
+        first env error (by env index) is raised after every reply is in."""
+        replies, errors = [], []
+        for w in workers:
+            status, length, total = self._channel.result(w)
+            data = bytes(self._reply_areas[w][:length])
+            while len(data) < total:
+                self._channel.post([w], P.REPLY_CHUNK)
+                self._wait()
+                _, length, _ = self._channel.result(w)
+                data += bytes(self._reply_areas[w][:length])
+            if status == P.ERROR:
+                errors.append(P.loads(data))
+            else:
+                replies.append(data)
+        if errors:
+            _raise_remote(min(errors, key=lambda e: e.row))
+        return replies
+
+    def _collect(self, workers) -> list[bytes]:
+        self._wait()
+        return self._read_replies(workers)
+
+    def _post(self, code: int, requests: list[bytes] | None) -> None:
+        """Posts a command to every worker; requests larger than the request
+        area go ahead in chunks."""
+        lens = []
+        for w in range(self.num_workers):
+            data = requests[w] if requests else b""
+            area = self._request_areas[w]
+            while len(data) > REQUEST_CAPACITY:
+                area[:REQUEST_CAPACITY] = data[:REQUEST_CAPACITY]
+                self._channel.post([w], P.REQUEST_CHUNK, 0, [REQUEST_CAPACITY])
+                self._wait()
+                data = data[REQUEST_CAPACITY:]
+            area[:len(data)] = data
+            lens.append(len(data))
+        self._channel.post(list(range(self.num_workers)), code, 0, lens)
+
+    def _run(self, code: int, caller_fn: Callable[[EnvSlice], Any], requests: list[bytes] | None = None):
+        """Runs one command on every slice: workers first (so they start at
+        once), then the caller's own slice, then waits for the workers.
+        Returns the caller's result and the workers' replies. Env errors are
+        raised only once every slice is done, so nothing is left in flight."""
+        self.check_usable()
+        self.drain()
+        plain_step = code == P.STEP and requests is None
+        if self.num_workers:
+            if plain_step:
+                self._channel.post_step_all()
+            else:
+                self._post(code, requests)
+        caller_result, caller_error = None, None
+        if self._caller is not None:
+            try:
+                caller_result = caller_fn(self._caller)
+            except Exception as exc:
+                caller_error = exc
+        replies: list[bytes] = []
+        if self.num_workers:
+            try:
+                self._wait()
+                # On the step path only workers with infos or episode ends reply.
+                workers = self._channel.workers_with_replies() if plain_step else range(self.num_workers)
+                replies = self._read_replies(workers)
+            except Exception as exc:
+                if caller_error is None:
+                    raise
+                raise caller_error from exc  # the caller's envs come first by index
+        if caller_error is not None:
+            raise caller_error
+        return caller_result, replies
+
+    # -- the operations front ends use ------------------------------------
+
+    def step(self, object_actions: list | None = None) -> list:
+        """Steps every env with the actions already written to the arena
+        (`object_actions`: per-env values of action leaves without a fixed
+        shape). Returns the records, in env order, of envs with infos, ended
+        SAME_STEP episodes or observation leaves without a fixed shape."""
+        if object_actions is None:
+            caller_records, replies = self._run(P.STEP, lambda s: s.step())
+        else:
+            requests = [P.dumps([object_actions[i] for i in rows]) for rows in self.worker_rows]
+            caller_records, replies = self._run(
+                P.STEP, lambda s: s.step([object_actions[i] for i in s.rows]), requests)
+        return self._merge(caller_records, replies)
+
+    @staticmethod
+    def _merge(caller_records, replies: list[bytes]) -> list:
+        records = list(caller_records) if caller_records else []
+        for data in replies:
+            if data:
+                part = P.loads(data)
+                if part:
+                    records.extend(part)
+        return records
+
+    def reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> list:
+        def part(rows):
+            return (
+                [seeds[i] for i in rows],
+                options,
+                None if mask is None else mask[rows.start:rows.stop].copy(),
+            )
+
+        requests = [cloudpickle.dumps(part(rows)) for rows in self.worker_rows]
+        caller_records, replies = self._run(P.RESET, lambda s: s.reset(*part(s.rows)), requests)
+        return self._merge(caller_records, replies)
+
+    def call(self, name: str, args: tuple = (), kwargs: dict | None = None,
+             rows: Sequence[int] | None = None) -> list:
+        """Calls (or reads) `name` on the envs in `rows` (all by default);
+        results in row order."""
+        kwargs = kwargs or {}
+        rowset = None if rows is None else sorted(set(int(r) for r in rows))
+        request = cloudpickle.dumps((name, args, kwargs, rowset))
+        caller_result, replies = self._run(
+            P.CALL, lambda s: s.call(name, args, kwargs, rowset), [request] * self.num_workers)
+        results = list(caller_result or [])
+        for data in replies:
+            results.extend(P.loads(data))
+        if rows is not None:  # back to the order (and repeats) the caller asked for
+            by_row = dict(zip(rowset, results))
+            return [by_row[int(r)] for r in rows]
+        return results
+
+    def set_attr(self, name: str, values: Sequence[Any]) -> None:
+        requests = [cloudpickle.dumps((name, [values[i] for i in rows])) for rows in self.worker_rows]
+        caller_rows = self._caller.rows if self._caller is not None else range(0)
+        self._run(P.SET_ATTR, lambda s: s.set_attr(name, [values[i] for i in caller_rows]), requests)
+
+    # -- shutdown -------------------------------------------------------------
+
+    def close(self, terminate: bool = False) -> None:
+        """Closes envs and workers; with `terminate`, kills workers at once.
+        Idempotent. Afterwards no worker, fd or mapping of ours remains."""
+        if self.closed:
+            return
+        self.closed = True
+        errors = []
+        if not terminate and self._processes and not self.broken:
+            try:
+                self.drain()
+                self._post(P.CLOSE, None)
+                self._collect(range(self.num_workers))
+            except BaseException as exc:  # a broken worker must not stop the shutdown
+                errors.append(exc)
+        if self._caller is not None:
+            try:
+                self._caller.close()
+            except Exception as exc:
+                errors.append(exc)
+            self._caller = None
+        if self._parent_write >= 0:
+            os.close(self._parent_write)  # workers see EOF and exit if still alive
+            self._parent_write = -1
+        Engine._cleanup(self._processes, self._cpus, [])
+        self._finalizer.detach()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        # Drop our views so the mappings go away (user-held copy=False views
+        # keep theirs alive, as any numpy view keeps its buffer).
+        self.views = None
+        self._request_areas = self._reply_areas = []
+        self._data = self._boot = None
+        self._channel = None
+        for exc in errors:
+            if not isinstance(exc, (WorkerDiedError, TimeoutError, ShmVecError)):
+                raise exc
+
+    @staticmethod
+    def _cleanup(processes: list, cpus: list, _unused: list) -> None:
+        for p in processes:
+            p.join(timeout=CLOSE_GRACE_S if p.is_alive() else 0)
+        for p in processes:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=CLOSE_GRACE_S)
+        for p in processes:
+            try:
+                p.close()
+            except ValueError:
+                pass
+        processes.clear()
+        _release_cpus(cpus)
+        cpus.clear()

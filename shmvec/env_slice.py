@@ -1,0 +1,145 @@
+"""The envs of one slice and everything that can be done to them. A worker
+process runs one; a caller that steps envs itself (``caller_steps=True``)
+runs one in-process, through the same native stepper."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shmvec import _core
+from shmvec.layout import DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback
+
+__all__ = ["EnvSlice", "AUTORESET_CODES"]
+
+# AutoresetMode -> the code the native stepper uses.
+AUTORESET_CODES = {"NextStep": 0, "SameStep": 1, "Disabled": 2}
+
+
+def _action_builder(action_space, action_views):
+    """Builds one env's action from the arena, for structured action spaces
+    (Dict, Tuple, non-fixed leaves); single fixed leaves are done natively."""
+    unflatten = unflattener(action_space)
+
+    def build(row: int, objects: list[Any] | None) -> Any:
+        extra = iter(objects or ())
+        values = []
+        for view in action_views:
+            if view is None:
+                values.append(next(extra))
+            elif view.ndim > 1:
+                values.append(view[row].copy())  # the arena row is overwritten next step
+            else:
+                values.append(view[row])
+        return unflatten(values)
+
+    return build
+
+
+class EnvSlice:
+    def __init__(self, envs: list, first_row: int):
+        self.envs = envs
+        self.first_row = first_row
+        self.rows = range(first_row, first_row + len(envs))
+        self.stepper: _core.Stepper | None = None
+        self._flatten_obs = None
+
+    def describe(self) -> dict[str, Any]:
+        """Spaces and metadata of the first env; all envs must share the spaces."""
+        first = self.envs[0]
+        for row, env in zip(self.rows, self.envs):
+            if env.observation_space != first.observation_space:
+                raise RuntimeError(
+                    f"env {row} has observation space {env.observation_space}, but env "
+                    f"{self.first_row} has {first.observation_space}; all envs must share one"
+                )
+            if env.action_space != first.action_space:
+                raise RuntimeError(
+                    f"env {row} has action space {env.action_space}, but env "
+                    f"{self.first_row} has {first.action_space}; all envs must share one"
+                )
+        return {
+            "observation_space": first.observation_space,
+            "action_space": first.action_space,
+            "metadata": dict(first.metadata),
+            "render_mode": first.render_mode,
+        }
+
+    def attach(self, layout: DataLayout, buffer: Any, observation_space, action_space,
+               autoreset_code: int) -> None:
+        views = layout.views(buffer)
+        single_action = is_single_fixed_leaf(action_space)
+        single_obs = is_single_fixed_leaf(observation_space)
+        self._flatten_obs = None if single_obs else flattener(observation_space)
+        self.stepper = _core.Stepper(
+            envs=list(self.envs),
+            first_row=self.first_row,
+            action_leaves=views["actions"],
+            action_builder=None if single_action else _action_builder(action_space, views["actions"]),
+            obs_leaves=views["observations"],
+            final_obs_leaves=views["final_observations"],
+            obs_flattener=self._flatten_obs,
+            rewards=views["rewards"],
+            terminations=views["terminations"],
+            truncations=views["truncations"],
+            autoreset_mode=autoreset_code,
+            write_fallback=write_leaf_fallback,
+        )
+
+    def step(self, object_actions: list | None = None):
+        try:
+            return self.stepper.step(object_actions)
+        except BaseException:
+            self.failed_row = self.stepper.failed_row
+            raise
+
+    def reset(self, seeds: list, options: dict | None, mask: np.ndarray | None):
+        """Resets the envs (those in `mask`, if given); returns records like step's."""
+        records = []
+        for k, (row, env) in enumerate(zip(self.rows, self.envs)):
+            if mask is not None and not mask[k]:
+                continue
+            self.failed_row = row
+            result = env.reset(seed=seeds[k], options=options)
+            if not isinstance(result, tuple) or len(result) != 2:
+                raise ValueError(f"env {row}: reset() must return (obs, info), got {type(result).__name__}")
+            obs, info = result
+            objects = self.stepper.write_observation(row, obs)
+            self.stepper.clear_autoreset(row)
+            if info or objects is not None:
+                records.append((row, info if info else None, False, None, objects, None))
+        self.failed_row = -1
+        return records or None
+
+    def call(self, name: str, args: tuple, kwargs: dict, rows: list[int] | None) -> list:
+        out = []
+        for row, env in zip(self.rows, self.envs):
+            if rows is not None and row not in rows:
+                continue
+            self.failed_row = row
+            attr = env.get_wrapper_attr(name)
+            out.append(attr(*args, **kwargs) if callable(attr) else attr)
+        self.failed_row = -1
+        return out
+
+    def set_attr(self, name: str, values: list) -> None:
+        for row, env, value in zip(self.rows, self.envs, values):
+            self.failed_row = row
+            env.set_wrapper_attr(name, value)
+        self.failed_row = -1
+
+    def close(self) -> None:
+        errors = []
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception as exc:  # close every env even if one fails
+                errors.append(exc)
+        self.envs = []
+        self.stepper = None
+        if errors:
+            raise errors[0]
+
+    # The row of the env whose call raised last (-1: none).
+    failed_row = -1

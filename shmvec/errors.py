@@ -1,0 +1,50 @@
+"""Exceptions raised by shmvec."""
+
+from __future__ import annotations
+
+__all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError"]
+
+
+class ShmVecError(RuntimeError):
+    """A vector env can no longer step (a worker died, a wait timed out, an
+    env failed mid-batch); the message says what to do next."""
+
+
+class WorkerDiedError(ShmVecError):
+    """A worker process exited or was killed while the front end needed it."""
+
+    def __init__(self, worker: int, env_indices: range, exitcode: int | None):
+        self.worker = worker
+        self.env_indices = env_indices
+        self.exitcode = exitcode
+        if exitcode is None:
+            how = "with an unknown exit status"
+        elif exitcode < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-exitcode).name
+            except ValueError:
+                name = str(-exitcode)
+            how = f"killed by signal {name}"
+        else:
+            how = f"with exit code {exitcode}"
+        super().__init__(
+            f"shmvec worker {worker} (envs {env_indices.start}..{env_indices.stop - 1}) died {how}; "
+            "close this vector env and create a new one"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.worker, self.env_indices, self.exitcode))
+
+
+class RemoteTraceback(Exception):
+    """Carries the traceback of an exception raised in a worker process; it is
+    attached as ``__cause__`` of the exception re-raised in the caller."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb

@@ -1,0 +1,175 @@
+"""From Gymnasium spaces to arena fields.
+
+A space is split into leaves. A leaf of fixed shape and dtype (Box, Discrete,
+MultiDiscrete, MultiBinary) gets a ``(num_envs, *shape)`` array in the arena.
+A leaf without one (Text, Sequence, Graph, OneOf, custom spaces) travels by
+pickle next to the infos: slower, but any space works. Dict and Tuple spaces
+are containers of leaves, nested to any depth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+__all__ = ["Leaf", "leaves_of", "flattener", "unflattener", "DataLayout", "write_leaf_fallback"]
+
+FIXED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+ALIGN = 128
+
+
+@dataclass(frozen=True)
+class Leaf:
+    path: tuple[Any, ...]  # keys (Dict) and indices (Tuple) from the root
+    shape: tuple[int, ...] | None  # None: no fixed shape, travels by pickle
+    dtype: np.dtype | None
+
+    @property
+    def fixed(self) -> bool:
+        return self.shape is not None
+
+    def name(self) -> str:
+        return "".join(f"[{p!r}]" for p in self.path) or "<root>"
+
+
+def leaves_of(space: spaces.Space, path: tuple[Any, ...] = ()) -> list[Leaf]:
+    """The leaves of a space, depth first, in the space's own key order."""
+    if isinstance(space, spaces.Dict):
+        return [leaf for key, sub in space.spaces.items() for leaf in leaves_of(sub, path + (key,))]
+    if isinstance(space, spaces.Tuple):
+        return [leaf for i, sub in enumerate(space.spaces) for leaf in leaves_of(sub, path + (i,))]
+    if isinstance(space, FIXED_SPACES):
+        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
+    return [Leaf(path, None, None)]
+
+
+def is_single_fixed_leaf(space: spaces.Space) -> bool:
+    return isinstance(space, FIXED_SPACES)
+
+
+def flattener(space: spaces.Space) -> Callable[[Any], list[Any]]:
+    """A function from a value of `space` to the list of its leaf values."""
+
+    def build(sub: spaces.Space) -> Callable[[Any, list[Any]], None]:
+        if isinstance(sub, spaces.Dict):
+            parts = [(key, build(s)) for key, s in sub.spaces.items()]
+
+            def flat_dict(value, out):
+                for key, part in parts:
+                    part(value[key], out)
+
+            return flat_dict
+        if isinstance(sub, spaces.Tuple):
+            parts_t = [build(s) for s in sub.spaces]
+
+            def flat_tuple(value, out):
+                if len(value) != len(parts_t):
+                    raise ValueError(f"expected a tuple of {len(parts_t)} items, got {len(value)}")
+                for item, part in zip(value, parts_t):
+                    part(item, out)
+
+            return flat_tuple
+        return lambda value, out: out.append(value)
+
+    fill = build(space)
+
+    def flatten(value: Any) -> list[Any]:
+        out: list[Any] = []
+        fill(value, out)
+        return out
+
+    return flatten
+
+
+def unflattener(space: spaces.Space) -> Callable[[list[Any]], Any]:
+    """The inverse of `flattener`: builds a dict/tuple structure from leaf
+    values. Works for single values and for batched ones alike."""
+
+    def build(sub: spaces.Space) -> Callable[[Any], Any]:
+        if isinstance(sub, spaces.Dict):
+            parts = [(key, build(s)) for key, s in sub.spaces.items()]
+            return lambda it: {key: part(it) for key, part in parts}
+        if isinstance(sub, spaces.Tuple):
+            parts_t = [build(s) for s in sub.spaces]
+            return lambda it: tuple(part(it) for part in parts_t)
+        return lambda it: next(it)
+
+    make = build(space)
+    return lambda values: make(iter(values))
+
+
+def write_leaf_fallback(target: np.ndarray, row: int, value: Any) -> None:
+    """Writes a leaf value the native fast paths did not take. Casts exactly
+    where SyncVectorEnv's ``np.stack(..., out=...)`` casts (``same_kind``)
+    and otherwise raises an error naming the env, instead of corrupting."""
+    array = np.asarray(value)
+    expected = target.shape[1:]
+    if array.shape != expected:
+        raise ValueError(
+            f"env {row} returned an observation of shape {array.shape}, "
+            f"but its space has shape {expected}"
+        )
+    if not np.can_cast(array.dtype, target.dtype, casting="same_kind"):
+        raise TypeError(
+            f"env {row} returned an observation of dtype {array.dtype}, "
+            f"which does not cast safely to the space's dtype {target.dtype}"
+        )
+    target[row] = array
+
+
+@dataclass(frozen=True)
+class Field:
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+class DataLayout:
+    """Where each array of the data region lives in the arena. Built once by
+    the front end and shipped to workers, so both sides agree by construction."""
+
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space,
+                 num_envs: int, base_offset: int):
+        self.num_envs = num_envs
+        self.observation_leaves = leaves_of(observation_space)
+        self.action_leaves = leaves_of(action_space)
+        self.base_offset = base_offset
+        self._end = base_offset
+        n = num_envs
+        self.actions = [self._field(n, leaf) for leaf in self.action_leaves]
+        self.observations = [self._field(n, leaf) for leaf in self.observation_leaves]
+        self.final_observations = [self._field(n, leaf) for leaf in self.observation_leaves]
+        self.rewards = self._add((n,), np.dtype(np.float64))
+        self.terminations = self._add((n,), np.dtype(np.bool_))
+        self.truncations = self._add((n,), np.dtype(np.bool_))
+        self.size = -(-self._end // 4096) * 4096
+
+    def _add(self, shape: tuple[int, ...], dtype: np.dtype) -> Field:
+        offset = -(-self._end // ALIGN) * ALIGN
+        self._end = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return Field(offset, shape, dtype)
+
+    def _field(self, n: int, leaf: Leaf) -> Field | None:
+        return self._add((n, *leaf.shape), leaf.dtype) if leaf.fixed else None
+
+    @staticmethod
+    def view(buffer: Any, field: Field | None) -> np.ndarray | None:
+        """A numpy view of one field onto the mapped arena."""
+        if field is None:
+            return None
+        count = int(np.prod(field.shape, dtype=np.int64))
+        return np.frombuffer(buffer, dtype=field.dtype, count=count, offset=field.offset).reshape(field.shape)
+
+    def views(self, buffer: Any) -> dict[str, Any]:
+        return {
+            "actions": [self.view(buffer, f) for f in self.actions],
+            "observations": [self.view(buffer, f) for f in self.observations],
+            "final_observations": [self.view(buffer, f) for f in self.final_observations],
+            "rewards": self.view(buffer, self.rewards),
+            "terminations": self.view(buffer, self.terminations),
+            "truncations": self.view(buffer, self.truncations),
+        }

@@ -1,0 +1,56 @@
+"""Command codes and statuses shared by the front end and the workers.
+
+Steps go through the arena and the native loop; everything else (reset,
+call, attributes, set-up, close) is a command whose arguments and results are
+pickled into the worker's request and reply byte areas. A payload larger than
+its area is sent in chunks, so nothing is ever truncated."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from shmvec import _core
+
+STEP = _core.STEP_COMMAND  # served natively by the worker
+DESCRIBE = 2  # -> spaces and metadata of the worker's envs
+ATTACH = 3  # map the whole arena, build the stepper
+RESET = 4
+CALL = 5
+SET_ATTR = 6
+CLOSE = 7
+REQUEST_CHUNK = 8  # one more piece of a request too large for its area
+REPLY_CHUNK = 9  # send the next piece of a reply too large for its area
+
+OK = 0
+ERROR = 1
+
+PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+def dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=PICKLE_PROTOCOL)
+
+
+loads = pickle.loads
+
+
+class RemoteError:
+    """An exception raised in a worker, with its traceback text and the env."""
+
+    def __init__(self, exc: BaseException, tb: str, row: int):
+        self.exc = exc
+        self.tb = tb
+        self.row = row
+
+    @classmethod
+    def capture(cls, exc: BaseException, row: int) -> "RemoteError":
+        import traceback
+
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            pickle.loads(dumps(exc))
+        except Exception:  # unpicklable exceptions still reach the caller
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        exc.__traceback__ = None
+        return cls(exc, tb, row)

@@ -1,0 +1,357 @@
+"""The Gymnasium 1.x front end: ``shmvec.ShmVecEnv``, a drop-in
+``gymnasium.vector.VectorEnv`` whose envs step in shared-memory workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import Env
+from gymnasium.error import ClosedEnvironmentError
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from shmvec.engine import Engine
+from shmvec.env_slice import AUTORESET_CODES
+from shmvec.errors import ShmVecError
+from shmvec.layout import flattener, is_single_fixed_leaf, unflattener
+
+__all__ = ["ShmVecEnv"]
+
+
+def _autoreset_mode(mode: str | AutoresetMode) -> AutoresetMode:
+    if isinstance(mode, AutoresetMode):
+        return mode
+    try:
+        return AutoresetMode(mode)
+    except ValueError:
+        pass
+    if isinstance(mode, str):  # also accept the member names: "NEXT_STEP", "same_step"
+        try:
+            return AutoresetMode[mode.upper()]
+        except KeyError:
+            pass
+    raise ValueError(
+        f"autoreset_mode must be an AutoresetMode or one of "
+        f"{[m.value for m in AutoresetMode]}, got {mode!r}"
+    )
+
+
+class ShmVecEnv(VectorEnv):
+    """Steps many Gymnasium envs in parallel worker processes that exchange
+    actions, observations, rewards and flags through shared memory.
+
+    It honours the ``gymnasium.vector.VectorEnv`` contract exactly as
+    ``SyncVectorEnv`` does: same seeds and actions give the same results.
+
+    Args:
+        env_fns: callables that each make one env (lambdas and closures work).
+        num_workers: worker processes; by default one per usable CPU, less one
+            when the caller steps a slice itself.
+        caller_steps: the calling process steps one slice of envs itself while
+            the workers step the rest, instead of idling (best on few cores).
+            With ``num_workers=0`` every env steps in the caller.
+        pin_workers: ``False``, ``True`` (one distinct CPU per worker, avoiding
+            CPUs taken by other shmvec envs in this process) or a list of CPU ids.
+        start_method: ``"forkserver"`` (default, with numpy and gymnasium
+            preloaded), ``"fork"`` or ``"spawn"``.
+        autoreset_mode: an ``AutoresetMode`` or its value as a string.
+        copy: return observations the caller owns (``True``) or views into
+            shared memory that the next step overwrites (``False``).
+        timeout: seconds any wait for workers may take before ``TimeoutError``.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> import shmvec
+        >>> envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=1)
+        >>> obs, infos = envs.reset(seed=42)
+        >>> obs.shape, obs.dtype
+        ((4, 4), dtype('float32'))
+        >>> obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
+        >>> rewards
+        array([1., 1., 1., 1.])
+        >>> envs.close()
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Env]],
+        *,
+        num_workers: int | None = None,
+        caller_steps: bool = True,
+        pin_workers: bool | Sequence[int] = False,
+        start_method: str | None = None,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        copy: bool = True,
+        timeout: float | None = None,
+    ):
+        super().__init__()
+        self.closed = True  # until the engine is up, so __del__/close have nothing to do
+        self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        self.env_fns = env_fns
+        self.copy = bool(copy)
+        self._engine = Engine(
+            env_fns,
+            num_workers=num_workers,
+            caller_steps=caller_steps,
+            pin_workers=pin_workers,
+            start_method=start_method,
+            autoreset_code=AUTORESET_CODES[self.autoreset_mode.value],
+            timeout=timeout,
+        )
+        self.closed = False
+        engine = self._engine
+        self.num_envs = engine.num_envs
+        self.num_workers = engine.num_workers
+        description = engine.description
+        self.metadata = dict(description["metadata"])
+        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.render_mode = description["render_mode"]
+        self.single_observation_space = description["observation_space"]
+        self.single_action_space = description["action_space"]
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+
+        views = engine.views
+        self._action_views = views["actions"]
+        self._obs_views = views["observations"]
+        self._final_views = views["final_observations"]
+        self._rewards = views["rewards"]
+        self._terminations = views["terminations"]
+        self._truncations = views["truncations"]
+        self._single_action = is_single_fixed_leaf(self.single_action_space)
+        self._single_obs = is_single_fixed_leaf(self.single_observation_space)
+        self._flatten_actions = flattener(self.single_action_space)
+        self._unflatten_obs = unflattener(self.single_observation_space)
+        # Values of observation leaves without a fixed shape, per leaf and env.
+        self._object_obs = [None if v is not None else [None] * self.num_envs for v in self._obs_views]
+        self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
+        self._reset_required: str | None = None
+
+    # -- stepping -----------------------------------------------------------
+
+    def reset(
+        self,
+        *,
+        seed: int | list[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets every env (or those in ``options["reset_mask"]``) and returns
+        the batched observations and infos, as ``SyncVectorEnv`` does."""
+        self._check_open()
+        seeds = self._seeds(seed)
+        mask = None
+        if options is not None:
+            if not isinstance(options, dict):
+                raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+            if "reset_mask" in options:
+                options = dict(options)
+                mask = self._reset_mask(options.pop("reset_mask"))
+        records = self._run(lambda: self._engine.reset(seeds, options, mask))
+        if mask is None:
+            self._autoreset_envs[:] = False
+            self._reset_required = None
+        else:
+            self._autoreset_envs[mask] = False
+        return self._observations(), self._infos(records)
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Steps every env with its action; returns batched (observations,
+        rewards, terminations, truncations, infos)."""
+        self._check_open()
+        if self._reset_required:
+            raise RuntimeError(self._reset_required)
+        if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset_envs.any():
+            ended = np.flatnonzero(self._autoreset_envs).tolist()
+            raise RuntimeError(
+                f"envs {ended} ended their episodes and autoreset_mode is DISABLED: reset them "
+                "with reset(options={'reset_mask': mask}) before stepping again"
+            )
+        object_actions = self._write_actions(actions)
+        records = self._run(lambda: self._engine.step(object_actions))
+        if self.autoreset_mode is AutoresetMode.DISABLED:
+            np.logical_or(self._terminations, self._truncations, out=self._autoreset_envs)
+        infos = self._infos(records) if records else {}
+        return (
+            self._observations(),
+            self._rewards.copy(),
+            self._terminations.copy(),
+            self._truncations.copy(),
+            infos,
+        )
+
+    def _run(self, operation: Callable[[], Any]) -> Any:
+        try:
+            return operation()
+        except ShmVecError:
+            raise
+        except TimeoutError:
+            raise
+        except Exception:
+            # Some envs of the batch stepped, others did not: only a full reset
+            # brings every env back to a known state.
+            self._reset_required = (
+                "an env raised during the last call; reset() all envs before stepping again"
+            )
+            raise
+
+    def _write_actions(self, actions: Any) -> list | None:
+        """Validates the actions and writes them into the arena; returns the
+        per-env values of action leaves without a fixed shape, if any."""
+        if self._single_action:
+            self._write_action_leaf(self._action_views[0], actions, "actions")
+            return None
+        try:
+            leaves = self._flatten_actions(actions)
+        except (KeyError, TypeError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"actions do not match the batched action space {self.action_space}: {exc!r}"
+            ) from None
+        object_actions = None
+        for k, (view, value) in enumerate(zip(self._action_views, leaves)):
+            if view is not None:
+                self._write_action_leaf(view, value, f"action leaf {k}")
+                continue
+            values = list(value)
+            if len(values) != self.num_envs:
+                raise ValueError(f"action leaf {k} has {len(values)} values for {self.num_envs} envs")
+            if object_actions is None:
+                object_actions = [[] for _ in range(self.num_envs)]
+            for i in range(self.num_envs):
+                object_actions[i].append(values[i])
+        return object_actions
+
+    def _write_action_leaf(self, view: np.ndarray, value: Any, what: str) -> None:
+        array = value if type(value) is np.ndarray else np.asarray(value)
+        if array.shape != view.shape:
+            raise ValueError(
+                f"{what} must have shape {view.shape} ({self.num_envs} envs), got {array.shape}"
+            )
+        if array.dtype != view.dtype and not np.can_cast(array.dtype, view.dtype, "same_kind"):
+            raise TypeError(
+                f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
+                f"{view.dtype} (only casts within the same kind are allowed)"
+            )
+        np.copyto(view, array, casting="unsafe")  # checked above
+
+    def _observations(self) -> Any:
+        if self._single_obs:
+            view = self._obs_views[0]
+            return view.copy() if self.copy else view
+        values = []
+        for view, objects in zip(self._obs_views, self._object_obs):
+            if view is None:
+                values.append(tuple(objects))
+            else:
+                values.append(view.copy() if self.copy else view)
+        return self._unflatten_obs(values)
+
+    def _final_observation(self, row: int, final_objects: list | None) -> Any:
+        extra = iter(final_objects or ())
+        values = []
+        for view in self._final_views:
+            if view is None:
+                values.append(next(extra))
+            else:
+                values.append(view[row].copy() if view.ndim > 1 else view[row])
+        return self._unflatten_obs(values)
+
+    def _infos(self, records: list) -> dict[str, Any]:
+        """Vectorises the records exactly as SyncVectorEnv does, env by env."""
+        infos: dict[str, Any] = {}
+        for row, info, ended, final_info, objects, final_objects in records:
+            if objects is not None:
+                leaf_values = iter(objects)
+                for per_env in self._object_obs:
+                    if per_env is not None:
+                        per_env[row] = next(leaf_values)
+            if ended:
+                final = {"final_obs": self._final_observation(row, final_objects), "final_info": final_info}
+                infos = self._add_info(infos, final, row)
+            if info is not None:
+                infos = self._add_info(infos, info, row)
+        return infos
+
+    def _seeds(self, seed: Any) -> list:
+        if seed is None:
+            return [None] * self.num_envs
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            return [int(seed) + i for i in range(self.num_envs)]
+        if not isinstance(seed, (list, tuple, np.ndarray)):
+            raise TypeError(f"seed must be None, an int or a list of ints, got {type(seed).__name__}")
+        if len(seed) != self.num_envs:
+            raise ValueError(
+                f"If seeds are passed as a list the length must match num_envs={self.num_envs} "
+                f"but got length={len(seed)}."
+            )
+        out = []
+        for s in seed:
+            if s is not None and (not isinstance(s, (int, np.integer)) or isinstance(s, bool)):
+                raise TypeError(f"each seed must be an int or None, got {s!r}")
+            out.append(None if s is None else int(s))
+        return out
+
+    def _reset_mask(self, reset_mask: Any) -> np.ndarray:
+        # Checks and messages as in SyncVectorEnv.
+        if not isinstance(reset_mask, np.ndarray):
+            raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(reset_mask)}")
+        if reset_mask.shape != (self.num_envs,):
+            raise ValueError(
+                f"`options['reset_mask']` must have shape `({self.num_envs},)`, got {reset_mask.shape}"
+            )
+        if reset_mask.dtype != np.bool_:
+            raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {reset_mask.dtype}")
+        if not np.any(reset_mask):
+            raise ValueError(
+                "`options['reset_mask']` must contain a boolean array with at least one True value, "
+                f"got reset_mask={reset_mask}"
+            )
+        return reset_mask.copy()
+
+    # -- the rest of the contract ---------------------------------------------
+
+    def render(self) -> tuple[Any, ...]:
+        """The rendered frames of every env."""
+        return self.call("render")
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method `name` of every env (or reads the attribute)."""
+        self._check_open()
+        return tuple(self._engine.call(name, args, kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """The attribute `name` of every env."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Sets `name` on every env: one value each if `values` is a list or
+        tuple, else the same value for all."""
+        self._check_open()
+        if not isinstance(values, (list, tuple)):
+            values = [values for _ in range(self.num_envs)]
+        if len(values) != self.num_envs:
+            raise ValueError(
+                "Values must be a list or tuple with length equal to the number of environments. "
+                f"Got `{len(values)}` values for {self.num_envs} environments."
+            )
+        self._engine.set_attr(name, list(values))
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        return self.get_attr("np_random")
+
+    def close_extras(self, terminate: bool = False, **kwargs: Any) -> None:
+        """Closes the envs and the workers; ``terminate=True`` kills workers
+        at once (e.g. when an env hangs)."""
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.close(terminate=terminate)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedEnvironmentError("this ShmVecEnv is closed; create a new one")

@@ -1,0 +1,203 @@
+"""Entry point and command loop of a worker process.
+
+A worker maps the arena, builds its slice of envs from cloudpickled
+factories, and then serves commands: steps natively (``WorkerChannel.serve``
+never returns to Python for a plain step), everything else here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from multiprocessing import reduction
+
+import cloudpickle
+import gymnasium  # noqa: F401  (preloaded by the fork server with numpy)
+import numpy  # noqa: F401
+
+from shmvec import _core
+from shmvec import protocol as P
+from shmvec._system import pin_to_cpu
+from shmvec.env_slice import EnvSlice
+from shmvec.layout import DataLayout
+
+__all__ = ["FdHandle", "WorkerSpec", "main"]
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def _rebuild_fd(dup: reduction.DupFd) -> "FdHandle":
+    return FdHandle(dup.detach())
+
+
+class FdHandle:
+    """A file descriptor that survives every start method: inherited as is
+    under fork, duplicated into the child (``DupFd``) when pickled for
+    forkserver or spawn."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return (_rebuild_fd, (reduction.DupFd(self.fd),))
+
+
+@dataclass
+class WorkerSpec:
+    index: int
+    num_workers: int
+    first_row: int
+    factories: bytes  # cloudpickled list of env factories for this slice
+    arena: FdHandle
+    fixed_size: int
+    request_capacity: int
+    reply_capacity: int
+    parent_alive: FdHandle  # read end of a pipe only the front end writes to
+    parent_write_fd: int  # the write end, to close in a forked child
+    start_method: str
+    cpu: int | None
+
+
+def _limit_threads() -> None:
+    """One BLAS/OpenMP thread per worker: env variables for libraries loaded
+    from now on, threadpoolctl for those numpy already loaded."""
+    for var in _THREAD_VARS:
+        os.environ[var] = "1"
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
+    except Exception:  # threadpoolctl is best effort: never fail a worker for it
+        pass
+
+
+def main(spec: WorkerSpec) -> None:
+    # Ctrl-C reaches the whole process group; the front end decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.start_method == "fork":
+        os.close(spec.parent_write_fd)  # else we would keep our own parent "alive"
+    if spec.cpu is not None:
+        pin_to_cpu(spec.cpu)
+    _limit_threads()
+    boot = _core.Mapping(spec.arena.fd, spec.fixed_size)
+    channel = _core.WorkerChannel(boot, spec.index, spec.num_workers, spec.request_capacity,
+                                  spec.reply_capacity, spec.parent_alive.fd)
+    Worker(spec, channel, boot).run()
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec, channel: _core.WorkerChannel, boot: _core.Mapping):
+        self.spec = spec
+        self.channel = channel
+        buf = memoryview(boot)
+        req_off, rep_off = _core.area_offsets(spec.num_workers, spec.request_capacity,
+                                              spec.reply_capacity, spec.index)
+        self.request_area = buf[req_off:req_off + spec.request_capacity]
+        self.reply_area = buf[rep_off:rep_off + spec.reply_capacity]
+        self.slice: EnvSlice | None = None
+        self.setup_error: P.RemoteError | None = None
+        self.data_mapping = None
+        self.chunks: list[bytes] = []
+
+    def run(self) -> None:
+        try:
+            factories = cloudpickle.loads(self.spec.factories)
+            self.slice = EnvSlice([make() for make in factories], self.spec.first_row)
+        except BaseException as exc:
+            self.setup_error = P.RemoteError.capture(exc, self.spec.first_row)
+        command = None
+        while True:
+            if command is None:
+                command = self._next_command()
+            code, _arg, request_len, payload = command
+            command = None
+            if code == 0:  # the front end is gone
+                return
+            if payload is not None:  # a step reply too large for the reply area
+                command = self._reply(P.OK, payload)
+                continue
+            request = bytes(self.request_area[:request_len])
+            if code == P.REQUEST_CHUNK:
+                self.chunks.append(request)
+                self.channel.complete(P.OK)
+                continue
+            if self.chunks:
+                request = b"".join(self.chunks) + request
+                self.chunks.clear()
+            status, reply = self._handle(code, request)
+            command = self._reply(status, reply)
+            if code == P.CLOSE:
+                return
+
+    def _next_command(self):
+        stepper = self.slice.stepper if self.slice is not None else None
+        if stepper is None:
+            cmd = self.channel.wait_command()
+            return (0, 0, 0, None) if cmd is None else (*cmd, None)
+        try:
+            return self.channel.serve(stepper, P.dumps)
+        except BaseException as exc:  # an env failed during a natively served step
+            error = P.RemoteError.capture(exc, stepper.failed_row)
+            pending = self._reply(P.ERROR, P.dumps(error))
+            return pending if pending is not None else self._next_command()
+
+    def _handle(self, code: int, request: bytes) -> tuple[int, bytes]:
+        failed_row = self.spec.first_row
+        try:
+            if code == P.DESCRIBE and self.setup_error is not None:
+                return P.ERROR, P.dumps(self.setup_error)
+            args = P.loads(request) if request else None
+            if code == P.CLOSE:
+                if self.slice is not None:
+                    self.slice.close()
+                return P.OK, b""
+            if self.slice is None:
+                raise RuntimeError("this worker failed to build its envs")
+            result = self._dispatch(code, args)
+            return P.OK, (b"" if result is None else P.dumps(result))
+        except BaseException as exc:
+            if self.slice is not None and self.slice.failed_row >= 0:
+                failed_row = self.slice.failed_row
+            return P.ERROR, P.dumps(P.RemoteError.capture(exc, failed_row))
+
+    def _dispatch(self, code: int, args):
+        s = self.slice
+        if code == P.DESCRIBE:
+            return s.describe()
+        if code == P.ATTACH:
+            layout, obs_space, act_space, autoreset_code = args
+            self.data_mapping = _core.Mapping(self.spec.arena.fd, layout.base_offset + layout.size)
+            os.close(self.spec.arena.fd)  # the mappings keep the memory
+            s.attach(layout, self.data_mapping, obs_space, act_space, autoreset_code)
+            return None
+        if code == P.STEP:  # a step whose actions have leaves without a fixed shape
+            return s.step(args)
+        if code == P.RESET:
+            return s.reset(*args)
+        if code == P.CALL:
+            return s.call(*args)
+        if code == P.SET_ATTR:
+            return s.set_attr(*args)
+        raise RuntimeError(f"unknown shmvec command {code}")
+
+    def _reply(self, status: int, data: bytes):
+        """Sends a reply, in chunks if it is larger than the reply area.
+        Returns a command that arrived instead of a chunk request, if any."""
+        capacity = len(self.reply_area)
+        total = len(data)
+        sent = min(total, capacity)
+        self.reply_area[:sent] = data[:sent]
+        self.channel.complete(status, sent, total)
+        while sent < total:
+            cmd = self.channel.wait_command()
+            if cmd is None:
+                return (0, 0, 0, None)
+            if cmd[0] != P.REPLY_CHUNK:  # the front end gave up on this reply
+                return (*cmd, None)
+            n = min(total - sent, capacity)
+            self.reply_area[:n] = data[sent:sent + n]
+            sent += n
+            self.channel.complete(status, n, total)
+        return None
