@@ -15,7 +15,7 @@ from gymnasium.vector.utils import batch_space
 from shmvec.engine import Engine
 from shmvec.env_slice import AUTORESET_CODES
 from shmvec.errors import ShmVecError
-from shmvec.layout import flattener, is_single_fixed_leaf, unflattener
+from shmvec.batch_io import BatchIO
 
 __all__ = ["ShmVecEnv"]
 
@@ -113,19 +113,7 @@ class ShmVecEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
-        views = engine.views
-        self._action_views = views["actions"]
-        self._obs_views = views["observations"]
-        self._final_views = views["final_observations"]
-        self._rewards = views["rewards"]
-        self._terminations = views["terminations"]
-        self._truncations = views["truncations"]
-        self._single_action = is_single_fixed_leaf(self.single_action_space)
-        self._single_obs = is_single_fixed_leaf(self.single_observation_space)
-        self._flatten_actions = flattener(self.single_action_space)
-        self._unflatten_obs = unflattener(self.single_observation_space)
-        # Values of observation leaves without a fixed shape, per leaf and env.
-        self._object_obs = [None if v is not None else [None] * self.num_envs for v in self._obs_views]
+        self._io = BatchIO(engine, copy=self.copy)
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._reset_required: str | None = None
 
@@ -154,7 +142,7 @@ class ShmVecEnv(VectorEnv):
             self._reset_required = None
         else:
             self._autoreset_envs[mask] = False
-        return self._observations(), self._infos(records)
+        return self._io.observations(), self._infos(records)
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env with its action; returns batched (observations,
@@ -168,16 +156,17 @@ class ShmVecEnv(VectorEnv):
                 f"envs {ended} ended their episodes and autoreset_mode is DISABLED: reset them "
                 "with reset(options={'reset_mask': mask}) before stepping again"
             )
-        object_actions = self._write_actions(actions)
+        io = self._io
+        object_actions = io.write_actions(actions)
         records = self._run(lambda: self._engine.step(object_actions))
         if self.autoreset_mode is AutoresetMode.DISABLED:
-            np.logical_or(self._terminations, self._truncations, out=self._autoreset_envs)
+            np.logical_or(io.terminations, io.truncations, out=self._autoreset_envs)
         infos = self._infos(records) if records else {}
         return (
-            self._observations(),
-            self._rewards.copy(),
-            self._terminations.copy(),
-            self._truncations.copy(),
+            io.observations(),
+            io.rewards.copy(),
+            io.terminations.copy(),
+            io.truncations.copy(),
             infos,
         )
 
@@ -196,78 +185,14 @@ class ShmVecEnv(VectorEnv):
             )
             raise
 
-    def _write_actions(self, actions: Any) -> list | None:
-        """Validates the actions and writes them into the arena; returns the
-        per-env values of action leaves without a fixed shape, if any."""
-        if self._single_action:
-            self._write_action_leaf(self._action_views[0], actions, "actions")
-            return None
-        try:
-            leaves = self._flatten_actions(actions)
-        except (KeyError, TypeError, IndexError, ValueError) as exc:
-            raise ValueError(
-                f"actions do not match the batched action space {self.action_space}: {exc!r}"
-            ) from None
-        object_actions = None
-        for k, (view, value) in enumerate(zip(self._action_views, leaves)):
-            if view is not None:
-                self._write_action_leaf(view, value, f"action leaf {k}")
-                continue
-            values = list(value)
-            if len(values) != self.num_envs:
-                raise ValueError(f"action leaf {k} has {len(values)} values for {self.num_envs} envs")
-            if object_actions is None:
-                object_actions = [[] for _ in range(self.num_envs)]
-            for i in range(self.num_envs):
-                object_actions[i].append(values[i])
-        return object_actions
-
-    def _write_action_leaf(self, view: np.ndarray, value: Any, what: str) -> None:
-        array = value if type(value) is np.ndarray else np.asarray(value)
-        if array.shape != view.shape:
-            raise ValueError(
-                f"{what} must have shape {view.shape} ({self.num_envs} envs), got {array.shape}"
-            )
-        if array.dtype != view.dtype and not np.can_cast(array.dtype, view.dtype, "same_kind"):
-            raise TypeError(
-                f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
-                f"{view.dtype} (only casts within the same kind are allowed)"
-            )
-        np.copyto(view, array, casting="unsafe")  # checked above
-
-    def _observations(self) -> Any:
-        if self._single_obs:
-            view = self._obs_views[0]
-            return view.copy() if self.copy else view
-        values = []
-        for view, objects in zip(self._obs_views, self._object_obs):
-            if view is None:
-                values.append(tuple(objects))
-            else:
-                values.append(view.copy() if self.copy else view)
-        return self._unflatten_obs(values)
-
-    def _final_observation(self, row: int, final_objects: list | None) -> Any:
-        extra = iter(final_objects or ())
-        values = []
-        for view in self._final_views:
-            if view is None:
-                values.append(next(extra))
-            else:
-                values.append(view[row].copy() if view.ndim > 1 else view[row])
-        return self._unflatten_obs(values)
-
     def _infos(self, records: list) -> dict[str, Any]:
         """Vectorises the records exactly as SyncVectorEnv does, env by env."""
         infos: dict[str, Any] = {}
         for row, info, ended, final_info, objects, final_objects in records:
-            if objects is not None:
-                leaf_values = iter(objects)
-                for per_env in self._object_obs:
-                    if per_env is not None:
-                        per_env[row] = next(leaf_values)
+            self._io.update_objects(row, objects)
             if ended:
-                final = {"final_obs": self._final_observation(row, final_objects), "final_info": final_info}
+                final_obs = self._io.observation(row, final=True, final_objects=final_objects)
+                final = {"final_obs": final_obs, "final_info": final_info}
                 infos = self._add_info(infos, final, row)
             if info is not None:
                 infos = self._add_info(infos, info, row)

@@ -1,0 +1,108 @@
+"""Moving batches between the caller's objects and the arena: validated
+actions in, observations (copied or viewed) out. Shared by every front end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shmvec.engine import Engine
+from shmvec.layout import flattener, is_single_fixed_leaf, unflattener
+
+__all__ = ["BatchIO"]
+
+
+class BatchIO:
+    def __init__(self, engine: Engine, copy: bool = True):
+        self.num_envs = engine.num_envs
+        self.copy = copy
+        observation_space = engine.description["observation_space"]
+        action_space = engine.description["action_space"]
+        views = engine.views
+        self.action_views = views["actions"]
+        self.obs_views = views["observations"]
+        self.final_views = views["final_observations"]
+        self.rewards = views["rewards"]
+        self.terminations = views["terminations"]
+        self.truncations = views["truncations"]
+        self._single_action = is_single_fixed_leaf(action_space)
+        self._single_obs = is_single_fixed_leaf(observation_space)
+        self._flatten_actions = flattener(action_space)
+        self._unflatten_obs = unflattener(observation_space)
+        # Values of observation leaves without a fixed shape, per leaf and env.
+        self._object_obs = [None if v is not None else [None] * self.num_envs for v in self.obs_views]
+
+    # -- actions in ---------------------------------------------------------
+
+    def write_actions(self, actions: Any) -> list | None:
+        """Validates a batch of actions and writes it into the arena; returns
+        the per-env values of action leaves without a fixed shape, if any."""
+        if self._single_action:
+            self._write_leaf(self.action_views[0], actions, "actions")
+            return None
+        try:
+            leaves = self._flatten_actions(actions)
+        except (KeyError, TypeError, IndexError, ValueError) as exc:
+            raise ValueError(f"actions do not have the structure of the action space: {exc!r}") from None
+        object_actions = None
+        for k, (view, value) in enumerate(zip(self.action_views, leaves)):
+            if view is not None:
+                self._write_leaf(view, value, f"action leaf {k}")
+                continue
+            values = list(value)
+            if len(values) != self.num_envs:
+                raise ValueError(f"action leaf {k} has {len(values)} values for {self.num_envs} envs")
+            if object_actions is None:
+                object_actions = [[] for _ in range(self.num_envs)]
+            for i in range(self.num_envs):
+                object_actions[i].append(values[i])
+        return object_actions
+
+    def _write_leaf(self, view: np.ndarray, value: Any, what: str) -> None:
+        array = value if type(value) is np.ndarray else np.asarray(value)
+        if array.shape != view.shape:
+            raise ValueError(f"{what} must have shape {view.shape} ({self.num_envs} envs), got {array.shape}")
+        if array.dtype != view.dtype and not np.can_cast(array.dtype, view.dtype, "same_kind"):
+            raise TypeError(
+                f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
+                f"{view.dtype} (only casts within the same kind are allowed)"
+            )
+        np.copyto(view, array, casting="unsafe")  # checked above
+
+    # -- observations out -----------------------------------------------------
+
+    def update_objects(self, row: int, objects: list | None) -> None:
+        """Stores an env's observation leaves that have no fixed shape."""
+        if objects is None:
+            return
+        values = iter(objects)
+        for per_env in self._object_obs:
+            if per_env is not None:
+                per_env[row] = next(values)
+
+    def observations(self, copy: bool | None = None) -> Any:
+        """The batched observations: copies, or views into the arena."""
+        copy = self.copy if copy is None else copy
+        if self._single_obs:
+            view = self.obs_views[0]
+            return view.copy() if copy else view
+        values = []
+        for view, objects in zip(self.obs_views, self._object_obs):
+            if view is None:
+                values.append(tuple(objects))
+            else:
+                values.append(view.copy() if copy else view)
+        return self._unflatten_obs(values)
+
+    def observation(self, row: int, final: bool = False, final_objects: list | None = None) -> Any:
+        """One env's observation (its terminal one with `final`), as a copy."""
+        views = self.final_views if final else self.obs_views
+        extra = iter(final_objects or ())
+        values = []
+        for k, view in enumerate(views):
+            if view is None:
+                values.append(next(extra) if final else self._object_obs[k][row])
+            else:
+                values.append(view[row].copy() if view.ndim > 1 else view[row])
+        return self._unflatten_obs(values)
