@@ -142,7 +142,8 @@ class ShmVecEnv(VectorEnv):
             self._reset_required = None
         else:
             self._autoreset_envs[mask] = False
-        return self._io.observations(), self._infos(records)
+        infos = self._infos(records)  # first: it stores observation leaves without a fixed shape
+        return self._io.observations(), infos
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env with its action; returns batched (observations,

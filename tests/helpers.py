@@ -1,0 +1,54 @@
+"""Comparison helpers shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def assert_same(a: Any, b: Any, where: str = "") -> None:
+    """Exactly equal, dtypes, key order and container types included."""
+    assert type(a) is type(b), f"{where}: type {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, dict):
+        assert list(a.keys()) == list(b.keys()), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
+        for k, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{k}]")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype, f"{where}: dtype {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"{where}: shape {a.shape} != {b.shape}"
+        if a.dtype == object:
+            for k, (x, y) in enumerate(zip(a.ravel(), b.ravel())):
+                assert_same(x, y, f"{where}[{k}]")
+        else:
+            assert np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"), f"{where}: {a} != {b}"
+    elif hasattr(a, "nodes") and hasattr(a, "edge_links"):  # GraphInstance
+        for field in ("nodes", "edges", "edge_links"):
+            assert_same(getattr(a, field), getattr(b, field), f"{where}.{field}")
+    else:
+        assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"
+
+
+def run_lockstep(envs, ref, steps: int, seed: int = 0, reset_seed: Any = 0) -> None:
+    """Steps `envs` and the reference with the same actions and compares
+    every output; under DISABLED autoreset, resets finished envs by mask."""
+    from gymnasium.vector import AutoresetMode
+
+    out, expected = envs.reset(seed=reset_seed), ref.reset(seed=reset_seed)
+    assert_same(out, expected, "reset")
+    ref.action_space.seed(seed)
+    disabled = ref.metadata["autoreset_mode"] == AutoresetMode.DISABLED
+    for t in range(steps):
+        actions = ref.action_space.sample()
+        out, expected = envs.step(actions), ref.step(actions)
+        assert_same(out, expected, f"step {t}")
+        done = np.logical_or(expected[2], expected[3])
+        if disabled and done.any():
+            options = {"reset_mask": done}
+            out = envs.reset(options=dict(options))
+            expected = ref.reset(options=dict(options))
+            assert_same(out, expected, f"masked reset after step {t}")

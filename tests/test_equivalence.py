@@ -1,0 +1,200 @@
+"""Same seeds and actions give exactly what SyncVectorEnv gives: observations,
+rewards, flags and infos, dtypes included, across spaces, autoreset modes,
+worker layouts and start methods."""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same, run_lockstep
+
+import shmvec
+from shmvec.testing import SpacesEnv
+
+MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
+
+SPACES = {
+    "dict": (
+        spaces.Dict({"pos": spaces.Box(-1, 1, (3,), np.float32), "id": spaces.Discrete(5)}),
+        spaces.Dict({"move": spaces.Box(-1, 1, (2,), np.float32), "pick": spaces.Discrete(3)}),
+    ),
+    "tuple_multidiscrete_image": (
+        spaces.Tuple((spaces.MultiDiscrete([3, 4]), spaces.Box(0, 255, (8, 8, 3), np.uint8))),
+        spaces.MultiDiscrete([2, 5]),
+    ),
+    "float16_bool": (
+        spaces.Tuple((spaces.Box(-2, 2, (4,), np.float16), spaces.Box(0, 1, (3,), np.bool_))),
+        spaces.MultiBinary(4),
+    ),
+    "ints": (
+        spaces.Box(-100, 100, (2, 2), np.int16),
+        spaces.Box(0, 10, (3,), np.uint32),
+    ),
+    "nested": (
+        spaces.Dict({"a": spaces.Tuple((spaces.Discrete(2), spaces.Dict({"b": spaces.Box(0, 1, (2,), np.float64)}))),
+                     "c": spaces.MultiBinary((2, 2))}),
+        spaces.Tuple((spaces.Discrete(4, start=-2), spaces.Box(-1, 1, (), np.float32))),
+    ),
+    "text_sequence": (
+        spaces.Dict({"text": spaces.Text(6), "seq": spaces.Sequence(spaces.Discrete(3)),
+                     "x": spaces.Box(-1, 1, (2,), np.float32)}),
+        spaces.Text(4),
+    ),
+    "graph": (
+        spaces.Graph(node_space=spaces.Box(0, 1, (2,), np.float32), edge_space=spaces.Discrete(3)),
+        spaces.Discrete(2),
+    ),
+}
+
+
+def spaces_env(name: str, **kwargs):
+    obs, act = SPACES[name]
+    return functools.partial(SpacesEnv, obs, act, **kwargs)
+
+
+def pair(make, num_envs, mode=AutoresetMode.NEXT_STEP, **kwargs):
+    fns = [make] * num_envs
+    return shmvec.ShmVecEnv(fns, autoreset_mode=mode, **kwargs), SyncVectorEnv(fns, autoreset_mode=mode)
+
+
+@pytest.fixture
+def closing():
+    made = []
+    yield made.append
+    for envs in made:
+        envs.close()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_classic_control(env_id, mode, closing):
+    envs, ref = pair(lambda: gym.make(env_id), 6, mode, num_workers=2, start_method="fork")
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=300)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("space", sorted(SPACES))
+def test_spaces(space, mode, closing):
+    envs, ref = pair(spaces_env(space), 5, mode, num_workers=1, start_method="fork")
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=120)
+
+
+@pytest.mark.parametrize(
+    "num_workers, caller_steps, num_envs",
+    [(1, False, 4), (2, False, 5), (3, False, 7), (0, True, 3), (1, True, 5), (2, True, 8)],
+)
+def test_worker_layouts(num_workers, caller_steps, num_envs, closing):
+    envs, ref = pair(spaces_env("dict"), num_envs, AutoresetMode.SAME_STEP,
+                     num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
+    closing(envs), closing(ref)
+    assert envs.num_workers == num_workers
+    run_lockstep(envs, ref, steps=150)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_start_methods(start_method, closing):
+    envs, ref = pair(spaces_env("nested"), 4, AutoresetMode.NEXT_STEP, num_workers=2,
+                     caller_steps=False, start_method=start_method)
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=100)
+
+
+def test_many_steps_cartpole_default_options(closing):
+    envs, ref = pair(lambda: gym.make("CartPole-v1"), 16, start_method="fork")
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=1000, reset_seed=list(range(100, 116)))
+
+
+def test_reset_seeds_options_and_masks(closing):
+    envs, ref = pair(spaces_env("dict"), 4, num_workers=1, start_method="fork")
+    closing(envs), closing(ref)
+    for kwargs in [dict(seed=3), dict(seed=[1, None, 5, 7]), dict(seed=9, options={"start": 2.5}), {}]:
+        # Unseeded envs go on with the RNG an earlier seed gave them, so all compare.
+        assert_same(envs.reset(**kwargs), ref.reset(**kwargs), str(kwargs))
+    envs.reset(seed=0), ref.reset(seed=0)
+    ref.action_space.seed(1)
+    for t in range(30):
+        actions = ref.action_space.sample()
+        assert_same(envs.step(actions), ref.step(actions), f"step {t}")
+        if t % 7 == 3:  # partial reset mid-episode, also of envs waiting to autoreset
+            mask = np.array([True, False, t % 2 == 1, False])
+            opts = {"reset_mask": mask, "start": 1.0}
+            assert_same(envs.reset(seed=[t, None, t + 1, None], options=dict(opts)),
+                        ref.reset(seed=[t, None, t + 1, None], options=dict(opts)))
+
+
+def test_call_get_set_attr_and_render(closing):
+    make = functools.partial(SpacesEnv, render_mode="rgb_array", max_steps=7)
+    envs, ref = pair(make, 5, num_workers=2, start_method="fork")
+    closing(envs), closing(ref)
+    envs.reset(seed=1), ref.reset(seed=1)
+    assert_same(envs.get_attr("max_steps"), ref.get_attr("max_steps"))
+    envs.set_attr("max_steps", [3, 4, 5, 6, 7]), ref.set_attr("max_steps", [3, 4, 5, 6, 7])
+    assert envs.get_attr("max_steps") == (3, 4, 5, 6, 7)
+    envs.set_attr("terminate_prob", 0.0), ref.set_attr("terminate_prob", 0.0)
+    assert_same(envs.call("_info", 1), ref.call("_info", 1))
+    assert_same(envs.render(), ref.render())
+    assert envs.np_random_seed == ref.np_random_seed
+    run_lockstep(envs, ref, steps=20, reset_seed=4)
+
+
+def test_copy_false_returns_views(closing):
+    envs, ref = pair(lambda: gym.make("CartPole-v1"), 4, num_workers=1, copy=False, start_method="fork")
+    closing(envs), closing(ref)
+    first, _ = envs.reset(seed=0)
+    ref.reset(seed=0)
+    second = envs.step(np.zeros(4, dtype=np.int64))[0]
+    assert second is first  # the same view, overwritten in place
+    assert_same(second.copy(), ref.step(np.zeros(4, dtype=np.int64))[0])
+
+
+def test_attributes_match_sync(closing):
+    envs, ref = pair(lambda: gym.make("CartPole-v1"), 3, AutoresetMode.SAME_STEP, num_workers=1,
+                     start_method="fork")
+    closing(envs), closing(ref)
+    assert envs.num_envs == ref.num_envs
+    assert envs.single_observation_space == ref.single_observation_space
+    assert envs.single_action_space == ref.single_action_space
+    assert envs.observation_space == ref.observation_space
+    assert envs.action_space == ref.action_space
+    assert envs.metadata == ref.metadata
+    assert envs.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+    assert envs.render_mode == ref.render_mode
+    envs.spec = ref.spec = gym.spec("CartPole-v1")
+    assert repr(envs) == "ShmVecEnv(CartPole-v1, num_envs=3)"
+    envs.single_observation_space = spaces.Box(-5, 5, (4,), np.float32)  # CleanRL scripts do this
+    assert envs.single_observation_space.high[0] == 5
+
+
+def test_autoreset_mode_strings():
+    for value in ["NextStep", "SameStep", "Disabled", "same_step"]:
+        envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")], num_workers=0)
+        envs.close()
+        envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")], num_workers=0, autoreset_mode=value)
+        assert isinstance(envs.metadata["autoreset_mode"], AutoresetMode)
+        envs.close()
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")], num_workers=0, autoreset_mode="Sometimes")
+
+
+def test_make_mirrors_make_vec(closing):
+    envs = shmvec.make("CartPole-v1", num_envs=3, max_episode_steps=5,
+                       vector_kwargs={"num_workers": 1, "start_method": "fork"})
+    closing(envs)
+    ref = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync", max_episode_steps=5)
+    closing(ref)
+    assert envs.spec.id == "CartPole-v1"
+    run_lockstep(envs, ref, steps=20)
+    wrapped = shmvec.make("Pendulum-v1", num_envs=2, g=1.62, wrappers=[lambda env: gym.wrappers.ClipReward(env, -1, 1)],
+                          vector_kwargs={"num_workers": 0})
+    closing(wrapped)
+    assert wrapped.get_attr("g") == (1.62, 1.62)
+    with pytest.raises(gym.error.Error):
+        shmvec.make("NoSuchEnv-v0", num_envs=2)
