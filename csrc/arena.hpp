@@ -39,7 +39,7 @@ struct alignas(kLine) ArenaHeader {
 };
 
 struct alignas(kLine) WorkerControl {
-  Word cmd_seq;          // written by the front end only: a new command is ready
+  Word cmd_seq;          // written by the front end only: the doorbell (a command or async work)
   Word worker_sleeping;  // written by the worker only: 1 while it sleeps on cmd_seq
   Word done_seq;         // written by the worker only: the command it last finished
   // The command; plain fields, published by the release store of cmd_seq.
@@ -47,6 +47,8 @@ struct alignas(kLine) WorkerControl {
     uint32_t code;
     uint32_t arg;
     uint64_t request_len;
+    int64_t posted_ns;  // when it was posted: lets the worker learn the front end's pace
+    uint32_t id;        // changes with every command (the doorbell also rings for async work)
   } command;
   // The result; plain fields, published by the release store of done_seq.
   struct alignas(kLine) {
@@ -54,6 +56,7 @@ struct alignas(kLine) WorkerControl {
     uint32_t reserved;
     uint64_t reply_len;    // bytes of this chunk in the reply area
     uint64_t reply_total;  // bytes of the whole reply (more chunks follow if larger)
+    int64_t done_ns;       // when it finished: lets the front end learn the worker's pace
   } result;
 };
 

@@ -1,16 +1,18 @@
-// Python binding of the core: translates, holds no logic of its own beyond
-// releasing the GIL around waits and checking for signals between sleeps.
+// Python binding of the core. It translates: it releases the GIL around
+// waits, turns pending signals into exceptions, and runs the worker's serve
+// loop, which hands plain steps to the native stepper without returning to
+// Python.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <system_error>
-#include <unistd.h>
 
 #include "arena.hpp"
+#include "channel.hpp"
 #include "platform.hpp"
-#include "signal.hpp"
 #include "stepper.hpp"
 
 namespace py = pybind11;
@@ -19,8 +21,6 @@ using namespace shmvec;
 namespace {
 
 constexpr uint32_t kStepCommand = 1;
-constexpr int64_t kFrontSliceNs = 20'000'000;    // the front end checks workers and signals every 20 ms
-constexpr int64_t kWorkerSliceNs = 100'000'000;  // a worker checks its parent every 100 ms
 
 [[noreturn]] void throw_errno(int err, const char* what) {
   throw std::system_error(err, std::generic_category(), what);
@@ -47,221 +47,222 @@ class Mapping {
 
 FixedLayout fixed_layout(uint32_t workers, uint64_t req, uint64_t rep) { return {workers, req, rep}; }
 
-// The front end's side of the control protocol.
-class FrontChannel {
+AsyncRegion async_region(const Mapping& data, std::size_t offset, uint32_t num_envs,
+                         uint32_t num_workers, uint64_t record_capacity) {
+  if (offset + AsyncRegion::size(num_envs, num_workers, record_capacity) > data.size())
+    throw std::invalid_argument("async region outside the arena");
+  return AsyncRegion(data.base() + offset, num_envs, num_workers, record_capacity);
+}
+
+// Called between sleeps with the GIL released: runs Python's signal handlers
+// (which may raise KeyboardInterrupt) and says whether one raised.
+bool signal_pending() {
+  py::gil_scoped_acquire gil;
+  return PyErr_CheckSignals() != 0;
+}
+
+int checked(int status) {
+  if (status == kInterrupted) throw py::error_already_set();  // the handler's exception
+  return status;
+}
+
+// The front end's channel, bound to the mappings it points into.
+class PyFrontChannel {
  public:
-  FrontChannel(std::shared_ptr<Mapping> mapping, uint32_t num_workers, uint64_t request_capacity,
-               uint64_t reply_capacity, bool initialize)
-      : mapping_(std::move(mapping)),
-        layout_(fixed_layout(num_workers, request_capacity, reply_capacity)),
-        spin_(2'000, 50'000),
-        seq_(num_workers, 0) {
-    if (layout_.size() > mapping_->size()) throw std::invalid_argument("arena smaller than its layout");
-    ArenaHeader* h = header();
-    if (initialize) {
-      h->magic = kMagic;
-      h->version = kVersion;
-      h->num_workers = num_workers;
-      h->request_capacity = request_capacity;
-      h->reply_capacity = reply_capacity;
-    } else if (h->magic != kMagic || h->version != kVersion || h->num_workers != num_workers) {
-      throw std::invalid_argument("arena header does not match");
-    }
-    for (uint32_t w = 0; w < num_workers; ++w)
-      seq_[w] = control(w)->cmd_seq.value.load(std::memory_order_relaxed);
+  PyFrontChannel(std::shared_ptr<Mapping> mapping, uint32_t num_workers, uint64_t request_capacity,
+                 uint64_t reply_capacity, bool initialize)
+      : mapping_(check_size(std::move(mapping), num_workers, request_capacity, reply_capacity)),
+        channel_(mapping_->base(), fixed_layout(num_workers, request_capacity, reply_capacity),
+                 initialize),
+        all_(num_workers) {
+    for (uint32_t w = 0; w < num_workers; ++w) all_[w] = w;
   }
 
-  // Hands `code` to each worker in `workers`, with its request length.
   void post(const std::vector<uint32_t>& workers, uint32_t code, uint32_t arg,
-            const std::vector<uint64_t>& request_lens) {
-    if (!request_lens.empty() && request_lens.size() != workers.size())
-      throw std::invalid_argument("one request length per worker");
-    if (header()->pending.value.load(std::memory_order_acquire) != 0)
-      throw std::logic_error("post() while workers are still busy");
-    for (uint32_t w : workers) check_worker(w);
-    // Relaxed is enough: the seq_cst store of each cmd_seq below releases it,
-    // and workers read it only after acquiring their cmd_seq.
-    header()->pending.value.store(static_cast<uint32_t>(workers.size()), std::memory_order_relaxed);
-    for (size_t i = 0; i < workers.size(); ++i) {
-      WorkerControl* c = control(workers[i]);
-      c->command.code = code;
-      c->command.arg = arg;
-      c->command.request_len = request_lens.empty() ? 0 : request_lens[i];
-      publish(c->cmd_seq.value, ++seq_[workers[i]], c->worker_sleeping.value);
-    }
+            const std::vector<uint64_t>& lens) {
+    channel_.post(workers, code, arg, lens);
   }
-
-  void post_step_all() {
-    std::vector<uint32_t> all(seq_.size());
-    for (uint32_t w = 0; w < all.size(); ++w) all[w] = w;
-    post(all, kStepCommand, 0, {});
-  }
-
-  // Waits until every posted worker is done. Returns 0, -1 on timeout, or
-  // 1 + the index of a worker whose sentinel fd says it died. Raises
-  // KeyboardInterrupt (or whatever a signal handler raises) promptly.
+  void post_step_all() { channel_.post(all_, kStepCommand, 0, {}); }
   int wait(const std::vector<int>& sentinels, double timeout_s) {
-    if (sentinels.size() != seq_.size()) throw std::invalid_argument("one sentinel per worker");
-    ArenaHeader* h = header();
-    const int64_t start = platform::now_ns();
-    const int64_t deadline =
-        timeout_s < 0 ? INT64_MAX : start + static_cast<int64_t>(timeout_s * 1e9);
-    int code = 0;
-    auto on_slice = [&]() -> bool {
-      {
-        py::gil_scoped_acquire gil;
-        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      }
-      for (uint32_t w = 0; w < seq_.size(); ++w) {
-        if (control(w)->done_seq.value.load(std::memory_order_acquire) == seq_[w]) continue;
-        if (platform::first_ready_fd(&sentinels[w], 1) >= 0) {
-          code = static_cast<int>(w) + 1;
-          return false;
-        }
-      }
-      if (platform::now_ns() >= deadline) {
-        code = -1;
-        return false;
-      }
-      return true;
-    };
+    int status;
     {
       py::gil_scoped_release nogil;
-      wait_until(h->pending.value, h->front_sleeping.value, [](uint32_t v) { return v == 0; },
-                 spin_.budget_ns(), kFrontSliceNs, on_slice);
+      status = channel_.wait(sentinels, timeout_s, signal_pending);
     }
-    if (code == 0) spin_.observe(platform::now_ns() - start);
-    return code;
+    return checked(status);
   }
-
-  bool busy() const { return header()->pending.value.load(std::memory_order_acquire) != 0; }
-
-  // (status, reply_len, reply_total) of a worker's last finished command.
+  bool busy() const { return channel_.busy(); }
   py::tuple result(uint32_t w) const {
-    check_worker(w);
-    const WorkerControl* c = control(w);
-    return py::make_tuple(c->result.status, c->result.reply_len, c->result.reply_total);
+    if (w >= all_.size()) throw py::index_error("worker index out of range");
+    const auto& r = channel_.control_of(w).result;
+    return py::make_tuple(r.status, r.reply_len, r.reply_total);
   }
-  // Workers whose last result has a payload or a non-zero status.
-  std::vector<uint32_t> workers_with_replies() const {
-    std::vector<uint32_t> out;
-    for (uint32_t w = 0; w < seq_.size(); ++w) {
-      const WorkerControl* c = control(w);
-      if (c->result.status != 0 || c->result.reply_total != 0) out.push_back(w);
+  std::vector<uint32_t> workers_with_replies() const { return channel_.workers_with_replies(); }
+
+  void attach_async(std::shared_ptr<Mapping> data, std::size_t offset, uint32_t num_envs,
+                    uint64_t record_capacity, std::vector<uint32_t> owner_of_row) {
+    channel_.attach_async(
+        async_region(*data, offset, num_envs, static_cast<uint32_t>(all_.size()), record_capacity),
+        std::move(owner_of_row));
+    data_ = std::move(data);
+  }
+  void send(const std::vector<uint32_t>& rows) { channel_.send(rows); }
+  uint32_t finished_ready() const { return channel_.finished_ready(); }
+  // Waits until `count` envs have finished, then pops them in finishing
+  // order. Returns (status, rows): rows only when status is 0; nothing is
+  // popped otherwise, so an interrupted recv loses no env.
+  py::tuple recv(uint32_t count, const std::vector<int>& sentinels, double timeout_s) {
+    int status;
+    {
+      py::gil_scoped_release nogil;
+      status = channel_.wait_finished(count, sentinels, timeout_s, signal_pending);
     }
-    return out;
+    if (checked(status) != kReady) return py::make_tuple(status, py::none());
+    return py::make_tuple(status, channel_.pop_finished(count));
   }
-  void set_spin_limits(int64_t min_ns, int64_t max_ns) { spin_.set_limits(min_ns, max_ns); }
+  // (length, is_error, overflow) of an env's async record.
+  py::tuple record(uint32_t row) const {
+    const RecordSlot* slot = region().record(check_row(row));
+    return py::make_tuple(slot->length, slot->is_error, slot->overflow);
+  }
+  py::bytes record_bytes(uint32_t row) const {
+    const RecordSlot* slot = region().record(check_row(row));
+    if (slot->overflow) throw std::logic_error("the record overflowed its slot");
+    return py::bytes(region().record_data(row), static_cast<size_t>(slot->length));
+  }
 
  private:
-  ArenaHeader* header() const { return layout_.header(mapping_->base()); }
-  WorkerControl* control(uint32_t w) const { return layout_.control(mapping_->base(), w); }
-  void check_worker(uint32_t w) const {
-    if (w >= seq_.size()) throw py::index_error("worker index out of range");
+  static std::shared_ptr<Mapping> check_size(std::shared_ptr<Mapping> m, uint32_t w, uint64_t req,
+                                             uint64_t rep) {
+    if (fixed_layout(w, req, rep).size() > m->size()) throw std::invalid_argument("arena smaller than its layout");
+    return m;
+  }
+  const AsyncRegion& region() const {
+    if (!channel_.async_region().base) throw std::logic_error("async mode is not attached");
+    return channel_.async_region();
+  }
+  uint32_t check_row(uint32_t row) const {
+    if (row >= region().num_envs) throw py::index_error("env row out of range");
+    return row;
   }
 
-  std::shared_ptr<Mapping> mapping_;
-  FixedLayout layout_;
-  AdaptiveSpin spin_;
-  std::vector<uint32_t> seq_;  // last cmd_seq published to each worker
+  std::shared_ptr<Mapping> mapping_, data_;
+  FrontChannel channel_;
+  std::vector<uint32_t> all_;
 };
 
-// A worker's side of the control protocol.
-class WorkerChannel {
+// A worker's channel, and its serve loop.
+class PyWorkerChannel {
  public:
-  WorkerChannel(std::shared_ptr<Mapping> mapping, uint32_t worker, uint32_t num_workers,
-                uint64_t request_capacity, uint64_t reply_capacity, int parent_fd)
+  PyWorkerChannel(std::shared_ptr<Mapping> mapping, uint32_t worker, uint32_t num_workers,
+                  uint64_t request_capacity, uint64_t reply_capacity, int parent_fd)
       : mapping_(std::move(mapping)),
-        layout_(fixed_layout(num_workers, request_capacity, reply_capacity)),
-        worker_(worker),
-        parent_fd_(parent_fd),
-        spin_(5'000, 50'000) {
-    if (worker >= num_workers || layout_.size() > mapping_->size())
-      throw std::invalid_argument("bad worker index or arena size");
-    // Commands after the last one finished in this slot are new to us (the
-    // front end may post before we got here).
-    seen_ = control()->done_seq.value.load(std::memory_order_acquire);
+        channel_(mapping_->base(), fixed_layout(num_workers, request_capacity, reply_capacity),
+                 worker, parent_fd),
+        num_workers_(num_workers) {
+    if (fixed_layout(num_workers, request_capacity, reply_capacity).size() > mapping_->size())
+      throw std::invalid_argument("arena smaller than its layout");
+    reply_area_ = fixed_layout(num_workers, request_capacity, reply_capacity).reply_area(mapping_->base(), worker);
+    reply_capacity_ = reply_capacity;
   }
 
   // Waits for the next command: (code, arg, request_len), or None when the
-  // front end is gone (the pipe only it writes to was closed).
+  // front end is gone. Async work that rings meanwhile waits for serve().
   py::object wait_command() {
-    bool parent_alive = true;
-    {
-      py::gil_scoped_release nogil;
-      parent_alive = wait_next();
-    }
-    if (!parent_alive) return py::none();
-    const WorkerControl* c = control();
-    return py::make_tuple(c->command.code, c->command.arg, c->command.request_len);
+    if (!next_command()) return py::none();
+    const auto& c = channel_.control_of().command;
+    return py::make_tuple(c.code, c.arg, c.request_len);
   }
-
-  // Finishes the current command: writes the result, then counts down
-  // `pending`; the last worker to finish wakes the front end.
   void complete(int32_t status, uint64_t reply_len, uint64_t reply_total) {
-    WorkerControl* c = control();
-    c->result.status = status;
-    c->result.reply_len = reply_len;
-    c->result.reply_total = reply_total;
-    c->done_seq.value.store(seen_, std::memory_order_release);
-    ArenaHeader* h = layout_.header(mapping_->base());
-    // seq_cst pairs with the front end's (store front_sleeping, load pending).
-    if (h->pending.value.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
-        h->front_sleeping.value.load(std::memory_order_seq_cst))
-      platform::futex_wake(&h->pending.value, 1);
+    channel_.complete(status, reply_len, reply_total);
+  }
+  void attach_async(std::shared_ptr<Mapping> data, std::size_t offset, uint32_t num_envs,
+                    uint64_t record_capacity) {
+    channel_.attach_async(async_region(*data, offset, num_envs, num_workers_, record_capacity));
+    data_ = std::move(data);
   }
 
-  // Serves step commands natively until something needs Python: returns
-  // (code, arg, request_len, payload) where payload is None, or the bytes of
-  // a step reply too large for the reply area (to be sent in chunks). Env
-  // exceptions propagate (the caller replies with the error).
-  py::tuple serve(Stepper& stepper, py::object dumps) {
-    const uint64_t capacity = layout_.reply_capacity;
-    char* area = layout_.reply_area(mapping_->base(), worker_);
+  // Serves steps natively (plain steps and async envs) until a command needs
+  // Python: returns (code, arg, request_len, payload), payload being None or
+  // the bytes of a step reply too large for the reply area (sent in chunks
+  // by the caller). Env exceptions of plain steps propagate; those of async
+  // steps become the env's record (encode_error(exc, row) -> bytes).
+  py::tuple serve(Stepper& stepper, py::object dumps, py::object encode_error, py::dict overflow) {
     for (;;) {
-      py::object cmd = wait_command();
-      if (cmd.is_none()) return py::make_tuple(0, 0, 0, py::none());
-      const WorkerControl* c = control();
-      if (c->command.code != kStepCommand || c->command.request_len != 0)
-        return py::make_tuple(c->command.code, c->command.arg, c->command.request_len, py::none());
+      bool alive;
+      {
+        py::gil_scoped_release nogil;
+        alive = channel_.wait_doorbell();
+      }
+      if (!alive) return py::make_tuple(0, 0, 0, py::none());
+      if (channel_.has_async()) step_async(stepper, dumps, encode_error, overflow);
+      if (!channel_.take_command()) continue;  // the ring was for async work only
+      const auto& c = channel_.control_of().command;
+      if (c.code != kStepCommand || c.request_len != 0)
+        return py::make_tuple(c.code, c.arg, c.request_len, py::none());
       py::object records = stepper.step(py::none());
       if (records.is_none()) {
-        complete(0, 0, 0);
+        channel_.complete(0, 0, 0);
         continue;
       }
       py::bytes data = dumps(records);
-      char* buf;
-      py::ssize_t len;
-      PyBytes_AsStringAndSize(data.ptr(), &buf, &len);
-      if (static_cast<uint64_t>(len) > capacity)
-        return py::make_tuple(c->command.code, c->command.arg, c->command.request_len, data);
-      std::memcpy(area, buf, len);
-      complete(0, len, len);
+      const auto len = static_cast<uint64_t>(PyBytes_GET_SIZE(data.ptr()));
+      if (len > reply_capacity_) return py::make_tuple(c.code, c.arg, c.request_len, data);
+      std::memcpy(reply_area_, PyBytes_AS_STRING(data.ptr()), len);
+      channel_.complete(0, len, len);
     }
   }
 
  private:
-  WorkerControl* control() const { return layout_.control(mapping_->base(), worker_); }
-
-  bool wait_next() {
-    WorkerControl* c = control();
-    const int64_t start = platform::now_ns();
-    bool ok = wait_until(
-        c->cmd_seq.value, c->worker_sleeping.value, [this](uint32_t v) { return v != seen_; },
-        spin_.budget_ns(), kWorkerSliceNs,
-        [this] { return platform::first_ready_fd(&parent_fd_, 1) < 0; });
-    if (!ok) return false;
-    spin_.observe(platform::now_ns() - start);
-    seen_ = c->cmd_seq.value.load(std::memory_order_acquire);
-    return true;
+  bool next_command() {
+    for (;;) {
+      bool alive;
+      {
+        py::gil_scoped_release nogil;
+        alive = channel_.wait_doorbell();
+      }
+      if (!alive) return false;
+      if (channel_.take_command()) return true;
+    }
   }
 
-  std::shared_ptr<Mapping> mapping_;
-  FixedLayout layout_;
-  uint32_t worker_;
-  int parent_fd_;
-  AdaptiveSpin spin_;
-  uint32_t seen_;  // the cmd_seq of the command being (or last) served
+  void step_async(Stepper& stepper, py::object& dumps, py::object& encode_error, py::dict& overflow) {
+    const AsyncRegion& region = channel_.async_region();
+    uint32_t row;
+    while (channel_.pop_todo(&row)) {
+      py::object record;
+      int32_t is_error = 0;
+      try {
+        record = stepper.step_row(row);
+        if (!record.is_none()) record = dumps(record);
+      } catch (py::error_already_set& e) {
+        if (e.trace()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
+        record = encode_error(e.value(), row);
+        is_error = 1;
+      }
+      RecordSlot* slot = region.record(row);
+      slot->is_error = is_error;
+      slot->overflow = 0;
+      slot->length = 0;
+      if (!record.is_none()) {
+        const auto len = static_cast<uint64_t>(PyBytes_GET_SIZE(record.ptr()));
+        slot->length = static_cast<int64_t>(len);
+        if (len <= region.record_capacity) {
+          std::memcpy(region.record_data(row), PyBytes_AS_STRING(record.ptr()), len);
+        } else {
+          overflow[py::int_(row)] = record;  // fetched by the front end with a command
+          slot->overflow = 1;
+        }
+      }
+      channel_.push_finished(row);
+    }
+  }
+
+  std::shared_ptr<Mapping> mapping_, data_;
+  WorkerChannel channel_;
+  uint32_t num_workers_;
+  char* reply_area_;
+  uint64_t reply_capacity_;
 };
 
 }  // namespace
@@ -269,6 +270,7 @@ class WorkerChannel {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "shmvec native core: shared arena, futex signalling, native step loop";
   m.attr("STEP_COMMAND") = kStepCommand;
+  m.attr("WAIT_TIMED_OUT") = static_cast<int>(kTimedOut);
 
   m.def("create_shared_file", [](std::size_t size) {
     int fd = platform::create_shared_file(size);
@@ -288,6 +290,8 @@ PYBIND11_MODULE(_core, m) {
                           l.reply_area(nullptr, worker) - static_cast<char*>(nullptr));
   }, py::arg("num_workers"), py::arg("request_capacity"), py::arg("reply_capacity"), py::arg("worker"),
      "(request offset, reply offset) of a worker's byte areas in the arena.");
+  m.def("async_region_size", &AsyncRegion::size, py::arg("num_envs"), py::arg("num_workers"),
+        py::arg("record_capacity"));
 
   py::class_<Mapping, std::shared_ptr<Mapping>>(m, "Mapping", py::buffer_protocol())
       .def(py::init<int, std::size_t>(), py::arg("fd"), py::arg("size"))
@@ -297,27 +301,37 @@ PYBIND11_MODULE(_core, m) {
                                {static_cast<py::ssize_t>(self.size())}, {1});
       });
 
-  py::class_<FrontChannel>(m, "FrontChannel")
+  py::class_<PyFrontChannel>(m, "FrontChannel")
       .def(py::init<std::shared_ptr<Mapping>, uint32_t, uint64_t, uint64_t, bool>(),
            py::arg("mapping"), py::arg("num_workers"), py::arg("request_capacity"),
            py::arg("reply_capacity"), py::arg("initialize"))
-      .def("post", &FrontChannel::post, py::arg("workers"), py::arg("code"), py::arg("arg") = 0,
+      .def("post", &PyFrontChannel::post, py::arg("workers"), py::arg("code"), py::arg("arg") = 0,
            py::arg("request_lens") = std::vector<uint64_t>{})
-      .def("post_step_all", &FrontChannel::post_step_all)
-      .def("wait", &FrontChannel::wait, py::arg("sentinels"), py::arg("timeout") = -1.0)
-      .def_property_readonly("busy", &FrontChannel::busy)
-      .def("result", &FrontChannel::result)
-      .def("workers_with_replies", &FrontChannel::workers_with_replies)
-      .def("set_spin_limits", &FrontChannel::set_spin_limits);
+      .def("post_step_all", &PyFrontChannel::post_step_all)
+      .def("wait", &PyFrontChannel::wait, py::arg("sentinels"), py::arg("timeout") = -1.0)
+      .def_property_readonly("busy", &PyFrontChannel::busy)
+      .def("result", &PyFrontChannel::result)
+      .def("workers_with_replies", &PyFrontChannel::workers_with_replies)
+      .def("attach_async", &PyFrontChannel::attach_async, py::arg("data"), py::arg("offset"),
+           py::arg("num_envs"), py::arg("record_capacity"), py::arg("owner_of_row"))
+      .def("send", &PyFrontChannel::send, py::arg("rows"))
+      .def_property_readonly("finished_ready", &PyFrontChannel::finished_ready)
+      .def("recv", &PyFrontChannel::recv, py::arg("count"), py::arg("sentinels"),
+           py::arg("timeout") = -1.0)
+      .def("record", &PyFrontChannel::record, py::arg("row"))
+      .def("record_bytes", &PyFrontChannel::record_bytes, py::arg("row"));
 
-  py::class_<WorkerChannel>(m, "WorkerChannel")
+  py::class_<PyWorkerChannel>(m, "WorkerChannel")
       .def(py::init<std::shared_ptr<Mapping>, uint32_t, uint32_t, uint64_t, uint64_t, int>(),
            py::arg("mapping"), py::arg("worker"), py::arg("num_workers"),
            py::arg("request_capacity"), py::arg("reply_capacity"), py::arg("parent_fd"))
-      .def("wait_command", &WorkerChannel::wait_command)
-      .def("complete", &WorkerChannel::complete, py::arg("status"), py::arg("reply_len") = 0,
+      .def("wait_command", &PyWorkerChannel::wait_command)
+      .def("complete", &PyWorkerChannel::complete, py::arg("status"), py::arg("reply_len") = 0,
            py::arg("reply_total") = 0)
-      .def("serve", &WorkerChannel::serve, py::arg("stepper"), py::arg("dumps"));
+      .def("attach_async", &PyWorkerChannel::attach_async, py::arg("data"), py::arg("offset"),
+           py::arg("num_envs"), py::arg("record_capacity"))
+      .def("serve", &PyWorkerChannel::serve, py::arg("stepper"), py::arg("dumps"),
+           py::arg("encode_error"), py::arg("overflow"));
 
   py::class_<Stepper>(m, "Stepper")
       .def(py::init<py::list, py::ssize_t, py::list, py::object, py::list, py::list, py::object,
@@ -327,6 +341,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("obs_flattener"), py::arg("rewards"), py::arg("terminations"),
            py::arg("truncations"), py::arg("autoreset_mode"), py::arg("write_fallback"))
       .def("step", &Stepper::step, py::arg("object_actions") = py::none())
+      .def("step_row", &Stepper::step_row, py::arg("row"))
       .def("write_observation", &Stepper::write_observation, py::arg("row"), py::arg("obs"))
       .def("clear_autoreset", &Stepper::clear_autoreset, py::arg("row"))
       .def_property_readonly("first_row", &Stepper::first_row)

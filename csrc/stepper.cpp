@@ -187,67 +187,77 @@ py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
 py::object Stepper::step(py::object object_actions) {
   py::object records = py::none();
   const bool have_objects = !object_actions.is_none();
-  const py::ssize_t n = num_envs();
-  for (py::ssize_t k = 0; k < n; ++k) {
-    const py::ssize_t row = first_row_ + k;
-    failed_row_ = row;
-    py::object& env = envs_[k];
-    py::object info, final_info, objects, final_objects;
-
-    if (mode_ == AutoresetMode::next_step && needs_reset_[k]) {
-      py::tuple r = unpack(env.attr(reset_name_)(), 2, row, "reset");
-      objects = write_leaves(obs_targets_, row, r[0]);
-      info = r[1];
-      rewards_[row] = 0.0;
-      terminations_[row] = false;
-      truncations_[row] = false;
-      needs_reset_[k] = 0;
-    } else {
-      py::object action =
-          build_action(row, have_objects ? py::handle(object_actions[py::int_(k)]) : py::handle(Py_None));
-      PyObject* raw = PyObject_CallMethodOneArg(env.ptr(), step_name_.ptr(), action.ptr());
-      if (!raw) throw py::error_already_set();
-      auto result = py::reinterpret_steal<py::object>(raw);
-      py::tuple r = unpack(result, 5, row, "step");
-      double reward = PyFloat_AsDouble(r[1].ptr());
-      if (reward == -1.0 && PyErr_Occurred()) throw py::error_already_set();
-      int terminated = PyObject_IsTrue(r[2].ptr());
-      if (terminated < 0) throw py::error_already_set();
-      int truncated = PyObject_IsTrue(r[3].ptr());
-      if (truncated < 0) throw py::error_already_set();
-      rewards_[row] = reward;
-      terminations_[row] = terminated;
-      truncations_[row] = truncated;
-      info = r[4];
-      const bool ended = terminated || truncated;
-      if (mode_ == AutoresetMode::same_step && ended) {
-        // The terminal observation goes to its own buffer before the reset
-        // overwrites the row.
-        final_objects = write_leaves(final_targets_, row, r[0]);
-        final_info = std::move(info);
-        py::tuple reset = unpack(env.attr(reset_name_)(), 2, row, "reset");
-        objects = write_leaves(obs_targets_, row, reset[0]);
-        info = reset[1];
-      } else {
-        objects = write_leaves(obs_targets_, row, r[0]);
-        needs_reset_[k] = ended;
-      }
-    }
-
-    const bool has_info = !is_empty_dict(info);
-    const bool ended_same_step = static_cast<bool>(final_info);
-    const bool has_objects = objects && !objects.is_none();
-    const bool has_final_objects = final_objects && !final_objects.is_none();
-    if (has_info || ended_same_step || has_objects || has_final_objects) {
+  for (py::ssize_t k = 0; k < num_envs(); ++k) {
+    py::object record =
+        step_env(k, have_objects ? py::handle(object_actions[py::int_(k)]) : py::handle(Py_None));
+    if (!record.is_none()) {
       if (records.is_none()) records = py::list();
-      py::none none;
-      records.cast<py::list>().append(py::make_tuple(
-          row, has_info ? info : none, ended_same_step, ended_same_step ? final_info : none,
-          has_objects ? objects : none, has_final_objects ? final_objects : none));
+      records.cast<py::list>().append(record);
+    }
+  }
+  return records;
+}
+
+py::object Stepper::step_row(py::ssize_t row) {
+  if (row < first_row_ || row >= first_row_ + num_envs()) throw py::index_error("row not in this slice");
+  return step_env(row - first_row_, py::none());
+}
+
+py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
+  const py::ssize_t row = first_row_ + k;
+  failed_row_ = row;
+  py::object& env = envs_[k];
+  py::object info, final_info, objects, final_objects;
+
+  if (mode_ == AutoresetMode::next_step && needs_reset_[k]) {
+    py::tuple r = unpack(env.attr(reset_name_)(), 2, row, "reset");
+    objects = write_leaves(obs_targets_, row, r[0]);
+    info = r[1];
+    rewards_[row] = 0.0;
+    terminations_[row] = false;
+    truncations_[row] = false;
+    needs_reset_[k] = 0;
+  } else {
+    py::object action = build_action(row, object_actions);
+    PyObject* raw = PyObject_CallMethodOneArg(env.ptr(), step_name_.ptr(), action.ptr());
+    if (!raw) throw py::error_already_set();
+    auto result = py::reinterpret_steal<py::object>(raw);
+    py::tuple r = unpack(result, 5, row, "step");
+    double reward = PyFloat_AsDouble(r[1].ptr());
+    if (reward == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+    int terminated = PyObject_IsTrue(r[2].ptr());
+    if (terminated < 0) throw py::error_already_set();
+    int truncated = PyObject_IsTrue(r[3].ptr());
+    if (truncated < 0) throw py::error_already_set();
+    rewards_[row] = reward;
+    terminations_[row] = terminated;
+    truncations_[row] = truncated;
+    info = r[4];
+    const bool ended = terminated || truncated;
+    if (mode_ == AutoresetMode::same_step && ended) {
+      // The terminal observation goes to its own buffer before the reset
+      // overwrites the row.
+      final_objects = write_leaves(final_targets_, row, r[0]);
+      final_info = std::move(info);
+      py::tuple reset = unpack(env.attr(reset_name_)(), 2, row, "reset");
+      objects = write_leaves(obs_targets_, row, reset[0]);
+      info = reset[1];
+    } else {
+      objects = write_leaves(obs_targets_, row, r[0]);
+      needs_reset_[k] = ended;
     }
   }
   failed_row_ = -1;
-  return records;
+
+  const bool has_info = !is_empty_dict(info);
+  const bool ended_same_step = static_cast<bool>(final_info);
+  const bool has_objects = objects && !objects.is_none();
+  const bool has_final_objects = final_objects && !final_objects.is_none();
+  if (!(has_info || ended_same_step || has_objects || has_final_objects)) return py::none();
+  py::none none;
+  return py::make_tuple(row, has_info ? info : none, ended_same_step,
+                        ended_same_step ? final_info : none, has_objects ? objects : none,
+                        has_final_objects ? final_objects : none);
 }
 
 }  // namespace shmvec

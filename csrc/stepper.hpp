@@ -48,6 +48,8 @@ class Stepper {
   // `ended` is true when a SAME_STEP episode ended (final_info is then the
   // terminal step's info). Raises the env's own exception; failed_row says where.
   py::object step(py::object object_actions);
+  // Steps one env of the slice (async mode); returns its record or None.
+  py::object step_row(py::ssize_t row);
 
   // Writes an observation of env `row` (e.g. after an explicit reset) and
   // returns its non-fixed leaves (a list) or None.
@@ -60,6 +62,7 @@ class Stepper {
   py::ssize_t failed_row() const { return failed_row_; }
 
  private:
+  py::object step_env(py::ssize_t k, py::handle object_actions);
   py::object build_action(py::ssize_t row, py::handle objects);
   // Returns the list of non-fixed leaves (or None) after writing fixed ones.
   py::object write_leaves(std::vector<ArrayLeaf*>& targets, py::ssize_t row, py::handle obs);

@@ -30,16 +30,25 @@ class BatchIO:
         self._single_obs = is_single_fixed_leaf(observation_space)
         self._flatten_actions = flattener(action_space)
         self._unflatten_obs = unflattener(observation_space)
+        self._zero_dim = [leaf.zero_dim_array for leaf in engine.layout.observation_leaves]
         # Values of observation leaves without a fixed shape, per leaf and env.
         self._object_obs = [None if v is not None else [None] * self.num_envs for v in self.obs_views]
 
     # -- actions in ---------------------------------------------------------
 
-    def write_actions(self, actions: Any) -> list | None:
-        """Validates a batch of actions and writes it into the arena; returns
-        the per-env values of action leaves without a fixed shape, if any."""
+    def write_actions(self, actions: Any, rows: np.ndarray | None = None) -> list | None:
+        """Validates a batch of actions (for every env, or for `rows`) and
+        writes it into the arena; returns the per-env values of action leaves
+        without a fixed shape, if any."""
         if self._single_action:
-            self._write_leaf(self.action_views[0], actions, "actions")
+            self._write_leaf(self.action_views[0], actions, "actions", rows)
+            return None
+        if rows is not None:
+            if any(v is None for v in self.action_views):
+                raise NotImplementedError("async mode needs action spaces whose leaves have fixed shapes")
+            leaves = self._flatten_actions(actions)
+            for k, (view, value) in enumerate(zip(self.action_views, leaves)):
+                self._write_leaf(view, value, f"action leaf {k}", rows)
             return None
         try:
             leaves = self._flatten_actions(actions)
@@ -59,16 +68,20 @@ class BatchIO:
                 object_actions[i].append(values[i])
         return object_actions
 
-    def _write_leaf(self, view: np.ndarray, value: Any, what: str) -> None:
+    def _write_leaf(self, view: np.ndarray, value: Any, what: str, rows: np.ndarray | None = None) -> None:
         array = value if type(value) is np.ndarray else np.asarray(value)
-        if array.shape != view.shape:
-            raise ValueError(f"{what} must have shape {view.shape} ({self.num_envs} envs), got {array.shape}")
+        shape = view.shape if rows is None else (len(rows), *view.shape[1:])
+        if array.shape != shape:
+            raise ValueError(f"{what} must have shape {shape} ({shape[0]} envs), got {array.shape}")
         if array.dtype != view.dtype and not np.can_cast(array.dtype, view.dtype, "same_kind"):
             raise TypeError(
                 f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
                 f"{view.dtype} (only casts within the same kind are allowed)"
             )
-        np.copyto(view, array, casting="unsafe")  # checked above
+        if rows is None:
+            np.copyto(view, array, casting="unsafe")  # checked above
+        else:
+            view[rows] = array
 
     # -- observations out -----------------------------------------------------
 
@@ -95,6 +108,16 @@ class BatchIO:
                 values.append(view.copy() if copy else view)
         return self._unflatten_obs(values)
 
+    def observations_at(self, rows: np.ndarray) -> Any:
+        """The observations of some envs (a batch of async results), copied."""
+        values = []
+        for view, objects in zip(self.obs_views, self._object_obs):
+            if view is None:
+                values.append(tuple(objects[r] for r in rows))
+            else:
+                values.append(view[rows])  # fancy indexing copies
+        return self._unflatten_obs(values)
+
     def observation(self, row: int, final: bool = False, final_objects: list | None = None) -> Any:
         """One env's observation (its terminal one with `final`), as a copy."""
         views = self.final_views if final else self.obs_views
@@ -103,6 +126,8 @@ class BatchIO:
         for k, view in enumerate(views):
             if view is None:
                 values.append(next(extra) if final else self._object_obs[k][row])
+            elif view.ndim > 1 or self._zero_dim[k]:
+                values.append(view[row, ...].copy())  # an array, 0-d for a Box of shape ()
             else:
-                values.append(view[row].copy() if view.ndim > 1 else view[row])
+                values.append(view[row])
         return self._unflatten_obs(values)

@@ -30,6 +30,7 @@ __all__ = ["Engine", "split_slices", "default_num_workers"]
 START_METHODS = ("fork", "forkserver", "spawn")
 REQUEST_CAPACITY = 64 * 1024
 REPLY_CAPACITY = 1024 * 1024  # virtual until touched: pages are allocated on first write
+RECORD_CAPACITY = 8 * 1024  # per env, for async records (infos); larger ones are fetched
 CLOSE_GRACE_S = 5.0
 
 # CPUs taken by pinned workers of live engines in this process, so that a
@@ -103,6 +104,7 @@ class Engine:
         start_method: str | None = None,
         autoreset_code: int = 0,
         timeout: float | None = None,
+        async_mode: bool = False,
     ):
         if not IS_LINUX:
             raise OSError(
@@ -128,7 +130,10 @@ class Engine:
         if not (isinstance(pin_workers, bool) or (isinstance(pin_workers, Sequence) and not isinstance(pin_workers, str))):
             raise TypeError(f"pin_workers must be False, True or a list of CPU ids, got {pin_workers!r}")
 
+        if async_mode and caller_steps:
+            raise ValueError("in async mode the caller cannot step envs itself: use caller_steps=False")
         self.num_envs = len(env_fns)
+        self.async_mode = async_mode
         if num_workers is None:
             num_workers = default_num_workers(self.num_envs, caller_steps)
         num_slices = int(num_workers) + (1 if caller_steps else 0)
@@ -220,13 +225,21 @@ class Engine:
                     )
         self.description = first
         obs_space, act_space = first["observation_space"], first["action_space"]
-        self.layout = DataLayout(obs_space, act_space, self.num_envs, self._fixed_size)
+        async_size = 0
+        if self.async_mode:
+            async_size = _core.async_region_size(self.num_envs, self.num_workers, RECORD_CAPACITY)
+        self.layout = DataLayout(obs_space, act_space, self.num_envs, self._fixed_size,
+                                 async_size, RECORD_CAPACITY)
         total = self._fixed_size + self.layout.size
         _core.resize_shared_file(self._fd, total)
         self._data = _core.Mapping(self._fd, total)
         self.views = self.layout.views(self._data)
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
+        if self.async_mode:
+            owner = [w for w, rows in enumerate(self.worker_rows) for _ in rows]
+            self._channel.attach_async(self._data, self.layout.async_offset, self.num_envs,
+                                       RECORD_CAPACITY, owner)
         if self.num_workers:
             attach = P.dumps((self.layout, obs_space, act_space, autoreset_code))
             self._post(P.ATTACH, [attach] * self.num_workers)
@@ -241,7 +254,10 @@ class Engine:
             raise ShmVecError(self.broken)
 
     def _wait(self) -> None:
-        code = self._channel.wait(self._sentinels, self.timeout)
+        self._check_wait(self._channel.wait(self._sentinels, self.timeout))
+
+    def _check_wait(self, code: int) -> None:
+        """Turns a failed wait into TimeoutError or WorkerDiedError."""
         if code == 0:
             return
         if code < 0:
@@ -288,12 +304,13 @@ class Engine:
         self._wait()
         return self._read_replies(workers)
 
-    def _post(self, code: int, requests: list[bytes] | None) -> None:
-        """Posts a command to every worker; requests larger than the request
-        area go ahead in chunks."""
+    def _post(self, code: int, requests: list[bytes] | None, workers=None) -> None:
+        """Posts a command to every worker (or those listed); requests larger
+        than the request area go ahead in chunks."""
+        workers = list(range(self.num_workers)) if workers is None else list(workers)
         lens = []
-        for w in range(self.num_workers):
-            data = requests[w] if requests else b""
+        for k, w in enumerate(workers):
+            data = requests[k] if requests else b""
             area = self._request_areas[w]
             while len(data) > REQUEST_CAPACITY:
                 area[:REQUEST_CAPACITY] = data[:REQUEST_CAPACITY]
@@ -302,7 +319,7 @@ class Engine:
                 data = data[REQUEST_CAPACITY:]
             area[:len(data)] = data
             lens.append(len(data))
-        self._channel.post(list(range(self.num_workers)), code, 0, lens)
+        self._channel.post(workers, code, 0, lens)
 
     def _run(self, code: int, caller_fn: Callable[[EnvSlice], Any], requests: list[bytes] | None = None):
         """Runs one command on every slice: workers first (so they start at
@@ -362,6 +379,37 @@ class Engine:
                 if part:
                     records.extend(part)
         return records
+
+    # -- async mode -------------------------------------------------------------
+
+    def send(self, rows: list[int]) -> None:
+        """Queues envs (whose actions are in the arena) to their workers."""
+        self.check_usable()
+        self._channel.send(rows)
+
+    def recv(self, count: int) -> list[int]:
+        """Waits for `count` envs to finish; returns their rows in finishing order."""
+        self.check_usable()
+        code, rows = self._channel.recv(count, self._sentinels, self.timeout)
+        self._check_wait(code)
+        return rows
+
+    def async_record(self, row: int):
+        """The record of an env's last async step (None if it has none);
+        raises the env's exception if the step failed."""
+        length, is_error, overflow = self._channel.record(row)
+        if not length:
+            return None
+        if overflow:
+            owner = next(w for w, rows in enumerate(self.worker_rows) if row in rows)
+            self._post(P.FETCH_RECORD, [P.dumps(row)], [owner])
+            data = P.loads(self._collect([owner])[0])
+        else:
+            data = self._channel.record_bytes(row)
+        record = P.loads(data)
+        if is_error:
+            _raise_remote(record)
+        return record
 
     def reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> list:
         def part(rows):

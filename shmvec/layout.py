@@ -27,6 +27,7 @@ class Leaf:
     path: tuple[Any, ...]  # keys (Dict) and indices (Tuple) from the root
     shape: tuple[int, ...] | None  # None: no fixed shape, travels by pickle
     dtype: np.dtype | None
+    zero_dim_array: bool = False  # a Box of shape (): its values are 0-d arrays, not scalars
 
     @property
     def fixed(self) -> bool:
@@ -43,7 +44,8 @@ def leaves_of(space: spaces.Space, path: tuple[Any, ...] = ()) -> list[Leaf]:
     if isinstance(space, spaces.Tuple):
         return [leaf for i, sub in enumerate(space.spaces) for leaf in leaves_of(sub, path + (i,))]
     if isinstance(space, FIXED_SPACES):
-        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
+        zero_dim = isinstance(space, spaces.Box) and space.shape == ()
+        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype), zero_dim)]
     return [Leaf(path, None, None)]
 
 
@@ -133,7 +135,8 @@ class DataLayout:
     the front end and shipped to workers, so both sides agree by construction."""
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space,
-                 num_envs: int, base_offset: int):
+                 num_envs: int, base_offset: int, async_region_size: int = 0,
+                 record_capacity: int = 0):
         self.num_envs = num_envs
         self.observation_leaves = leaves_of(observation_space)
         self.action_leaves = leaves_of(action_space)
@@ -146,7 +149,12 @@ class DataLayout:
         self.rewards = self._add((n,), np.dtype(np.float64))
         self.terminations = self._add((n,), np.dtype(np.bool_))
         self.truncations = self._add((n,), np.dtype(np.bool_))
-        self.size = -(-self._end // 4096) * 4096
+        # Async mode's rings and per-env record slots (laid out by the core).
+        self.record_capacity = record_capacity
+        self.async_offset = None
+        if async_region_size:
+            self.async_offset = self._add((async_region_size,), np.dtype(np.uint8)).offset
+        self.size = -(-(self._end - base_offset) // 4096) * 4096
 
     def _add(self, shape: tuple[int, ...], dtype: np.dtype) -> Field:
         offset = -(-self._end // ALIGN) * ALIGN

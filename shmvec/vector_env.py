@@ -38,6 +38,15 @@ def _autoreset_mode(mode: str | AutoresetMode) -> AutoresetMode:
     )
 
 
+class _InfoBatch:
+    """VectorEnv._add_info for a batch of `num_envs` rows (async results)."""
+
+    def __init__(self, num_envs: int):
+        self.num_envs = num_envs
+
+    _add_info = VectorEnv._add_info
+
+
 class ShmVecEnv(VectorEnv):
     """Steps many Gymnasium envs in parallel worker processes that exchange
     actions, observations, rewards and flags through shared memory.
@@ -79,18 +88,30 @@ class ShmVecEnv(VectorEnv):
         env_fns: Sequence[Callable[[], Env]],
         *,
         num_workers: int | None = None,
-        caller_steps: bool = True,
+        caller_steps: bool | None = None,
         pin_workers: bool | Sequence[int] = False,
         start_method: str | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         copy: bool = True,
         timeout: float | None = None,
+        batch_size: int | None = None,
     ):
         super().__init__()
         self.closed = True  # until the engine is up, so __del__/close have nothing to do
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
         self.env_fns = env_fns
         self.copy = bool(copy)
+        num_envs = len(env_fns)
+        if batch_size is None:
+            batch_size = num_envs
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or not 1 <= batch_size <= max(num_envs, 1):
+            raise ValueError(f"batch_size must be an int in [1, num_envs={num_envs}], got {batch_size!r}")
+        self.batch_size = int(batch_size)
+        async_mode = self.batch_size < num_envs
+        if async_mode and self.autoreset_mode is AutoresetMode.DISABLED:
+            raise ValueError("autoreset_mode DISABLED is not supported with batch_size < num_envs (async mode)")
+        if caller_steps is None:
+            caller_steps = not async_mode  # the caller must return at once from send() in async mode
         self._engine = Engine(
             env_fns,
             num_workers=num_workers,
@@ -99,6 +120,7 @@ class ShmVecEnv(VectorEnv):
             start_method=start_method,
             autoreset_code=AUTORESET_CODES[self.autoreset_mode.value],
             timeout=timeout,
+            async_mode=async_mode,
         )
         self.closed = False
         engine = self._engine
@@ -116,6 +138,11 @@ class ShmVecEnv(VectorEnv):
         self._io = BatchIO(engine, copy=self.copy)
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._reset_required: str | None = None
+        # Async mode: envs sent and not yet received; envs reset by
+        # async_reset() waiting to be received, with their reset records.
+        self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
+        self._reset_ready: list[int] = []
+        self._reset_records: dict[int, tuple] = {}
 
     # -- stepping -----------------------------------------------------------
 
@@ -128,6 +155,7 @@ class ShmVecEnv(VectorEnv):
         """Resets every env (or those in ``options["reset_mask"]``) and returns
         the batched observations and infos, as ``SyncVectorEnv`` does."""
         self._check_open()
+        self._check_sync("reset", "async_reset")
         seeds = self._seeds(seed)
         mask = None
         if options is not None:
@@ -149,6 +177,7 @@ class ShmVecEnv(VectorEnv):
         """Steps every env with its action; returns batched (observations,
         rewards, terminations, truncations, infos)."""
         self._check_open()
+        self._check_sync("step", "send/recv")
         if self._reset_required:
             raise RuntimeError(self._reset_required)
         if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset_envs.any():
@@ -170,6 +199,98 @@ class ShmVecEnv(VectorEnv):
             io.truncations.copy(),
             infos,
         )
+
+    # -- async mode (batch_size < num_envs) -------------------------------------
+
+    def async_reset(self, *, seed: int | list[int | None] | None = None,
+                    options: dict[str, Any] | None = None) -> None:
+        """Resets every env and returns at once; ``recv()`` then returns the
+        reset observations ``batch_size`` envs at a time (rewards 0, flags False)."""
+        self._check_open()
+        seeds = self._seeds(seed)
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+        in_flight = int(self._in_flight.sum())
+        if in_flight:  # let them land, then drop their results
+            self._run(lambda: self._engine.recv(in_flight))
+            self._in_flight[:] = False
+        records = self._run(lambda: self._engine.reset(seeds, options, None))
+        self._reset_required = None
+        self._io.rewards[:] = 0.0
+        self._io.terminations[:] = False
+        self._io.truncations[:] = False
+        self._reset_records = {record[0]: record for record in records}
+        self._reset_ready = list(range(self.num_envs))
+
+    def send(self, actions: Any, env_ids: Any) -> None:
+        """Hands envs `env_ids` their next actions and returns at once."""
+        self._check_open()
+        if self._reset_required:
+            raise RuntimeError(self._reset_required)
+        ids = np.asarray(env_ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_envs):
+            raise ValueError(f"env_ids must be in [0, {self.num_envs}), got {ids.tolist()}")
+        if len(np.unique(ids)) != len(ids):
+            raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
+        busy = ids[self._in_flight[ids]]
+        if busy.size:
+            raise ValueError(f"envs {busy.tolist()} are already in flight: recv() them before sending again")
+        waiting = set(self._reset_ready).intersection(ids.tolist())
+        if waiting:
+            raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")
+        self._io.write_actions(actions, ids)
+        self._engine.send(ids.tolist())
+        self._in_flight[ids] = True
+
+    def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Waits for ``batch_size`` envs to finish and returns their
+        (observations, rewards, terminations, truncations, infos), in the
+        order they finished; ``infos["env_id"]`` says which envs they are."""
+        self._check_open()
+        available = len(self._reset_ready) + int(self._in_flight.sum())
+        if available < self.batch_size:
+            raise RuntimeError(
+                f"recv() needs {self.batch_size} envs in flight, but only {available} are: "
+                "send() more first (or async_reset())"
+            )
+        rows = self._reset_ready[: self.batch_size]
+        del self._reset_ready[: self.batch_size]
+        records = [self._reset_records.pop(r) for r in rows if r in self._reset_records]
+        if len(rows) < self.batch_size:
+            finished = self._run(lambda: self._engine.recv(self.batch_size - len(rows)))
+            self._in_flight[finished] = False
+            rows += finished
+            records += self._run(lambda: [r for r in map(self._engine.async_record, finished) if r is not None])
+        ids = np.asarray(rows, dtype=np.int64)
+        position = {row: i for i, row in enumerate(rows)}
+        batch_records = [(position[r[0]], *r[1:]) for r in sorted(records, key=lambda r: position[r[0]])]
+        for record in records:
+            self._io.update_objects(record[0], record[4])
+        infos = self._batch_infos(batch_records, rows)
+        infos["env_id"] = ids
+        io = self._io
+        return io.observations_at(ids), io.rewards[ids], io.terminations[ids], io.truncations[ids], infos
+
+    def _batch_infos(self, records: list, rows: list[int]) -> dict[str, Any]:
+        """Like _infos, for a batch of async results (positions, not env ids)."""
+        batch = _InfoBatch(len(rows))
+        infos: dict[str, Any] = {}
+        for position, info, ended, final_info, _objects, final_objects in records:
+            if ended:
+                final_obs = self._io.observation(rows[position], final=True, final_objects=final_objects)
+                infos = batch._add_info(infos, {"final_obs": final_obs, "final_info": final_info}, position)
+            if info is not None:
+                infos = batch._add_info(infos, info, position)
+        return infos
+
+    def _check_sync(self, name: str, instead: str) -> None:
+        if self.batch_size < self.num_envs:
+            raise RuntimeError(
+                f"{name}() is for synchronous stepping; this env has batch_size={self.batch_size} "
+                f"< num_envs={self.num_envs}: use {instead}()"
+            )
 
     def _run(self, operation: Callable[[], Any]) -> Any:
         try:

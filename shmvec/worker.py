@@ -73,6 +73,10 @@ def _limit_threads() -> None:
         pass
 
 
+def _encode_error(exc: BaseException, row: int) -> bytes:
+    return P.dumps(P.RemoteError.capture(exc, row))
+
+
 def main(spec: WorkerSpec) -> None:
     # Ctrl-C reaches the whole process group; the front end decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -100,6 +104,7 @@ class Worker:
         self.setup_error: P.RemoteError | None = None
         self.data_mapping = None
         self.chunks: list[bytes] = []
+        self.overflow: dict[int, bytes] = {}  # async records too large for their slots
 
     def run(self) -> None:
         try:
@@ -137,7 +142,7 @@ class Worker:
             cmd = self.channel.wait_command()
             return (0, 0, 0, None) if cmd is None else (*cmd, None)
         try:
-            return self.channel.serve(stepper, P.dumps)
+            return self.channel.serve(stepper, P.dumps, _encode_error, self.overflow)
         except BaseException as exc:  # an env failed during a natively served step
             error = P.RemoteError.capture(exc, stepper.failed_row)
             pending = self._reply(P.ERROR, P.dumps(error))
@@ -171,7 +176,12 @@ class Worker:
             self.data_mapping = _core.Mapping(self.spec.arena.fd, layout.base_offset + layout.size)
             os.close(self.spec.arena.fd)  # the mappings keep the memory
             s.attach(layout, self.data_mapping, obs_space, act_space, autoreset_code)
+            if layout.async_offset is not None:
+                self.channel.attach_async(self.data_mapping, layout.async_offset, layout.num_envs,
+                                          layout.record_capacity)
             return None
+        if code == P.FETCH_RECORD:
+            return self.overflow.pop(args)
         if code == P.STEP:  # a step whose actions have leaves without a fixed shape
             return s.step(args)
         if code == P.RESET:

@@ -25,7 +25,7 @@ def boxes(draw):
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
     shape = draw(shapes)
     if dtype.kind == "b":
-        return spaces.Box(False, True, shape, dtype)
+        return spaces.Box(0, 1, shape, dtype)
     if dtype.kind == "f":
         return spaces.Box(-3.0, 3.0, shape, dtype)
     low = 0 if dtype.kind == "u" else -5

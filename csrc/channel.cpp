@@ -1,0 +1,307 @@
+#include "channel.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+
+#include "platform.hpp"
+
+namespace shmvec {
+
+namespace {
+constexpr int64_t kFrontSliceNs = 20'000'000;    // the front end checks workers and signals every 20 ms
+constexpr int64_t kWorkerSliceNs = 100'000'000;  // a worker checks its parent every 100 ms
+
+uint32_t pow2_at_least(uint32_t n) {
+  uint32_t c = 1;
+  while (c < n) c <<= 1;
+  return c;
+}
+
+int64_t deadline_after(int64_t start, double timeout_s) {
+  return timeout_s < 0 ? INT64_MAX : start + static_cast<int64_t>(timeout_s * 1e9);
+}
+}  // namespace
+
+// ---------------------------------------------------------------- AsyncRegion
+
+AsyncRegion::AsyncRegion(char* b, uint32_t envs, uint32_t workers, uint64_t record_cap)
+    : base(b), num_envs(envs), num_workers(workers), capacity(pow2_at_least(envs)),
+      record_capacity(record_cap) {}
+
+std::size_t AsyncRegion::finished_offset() const {
+  return sizeof(Ring) + round_up(capacity * sizeof(uint32_t), kLine);
+}
+std::size_t AsyncRegion::worker_stride() const {
+  return finished_offset() + sizeof(Ring) + round_up(capacity * sizeof(FinishedItem), kLine);
+}
+std::size_t AsyncRegion::records_offset() const {
+  return sizeof(AsyncHeader) + num_workers * worker_stride();
+}
+std::size_t AsyncRegion::record_stride() const {
+  return sizeof(RecordSlot) + round_up(record_capacity, kLine);
+}
+
+std::size_t AsyncRegion::size(uint32_t envs, uint32_t workers, uint64_t record_cap) {
+  AsyncRegion r(nullptr, envs, workers, record_cap);
+  return r.records_offset() + envs * r.record_stride();
+}
+
+// --------------------------------------------------------------- FrontChannel
+
+FrontChannel::FrontChannel(char* base, FixedLayout layout, bool initialize)
+    : base_(base), layout_(layout), spin_(2'000, 50'000), seq_(layout.num_workers, 0),
+      posted_(layout.num_workers, 0) {
+  ArenaHeader* h = header();
+  if (initialize) {
+    h->magic = kMagic;
+    h->version = kVersion;
+    h->num_workers = layout.num_workers;
+    h->request_capacity = layout.request_capacity;
+    h->reply_capacity = layout.reply_capacity;
+  } else if (h->magic != kMagic || h->version != kVersion || h->num_workers != layout.num_workers) {
+    throw std::invalid_argument("arena header does not match");
+  }
+  for (uint32_t w = 0; w < layout.num_workers; ++w) {
+    seq_[w] = control(w)->cmd_seq.value.load(std::memory_order_relaxed);
+    next_id_ = std::max(next_id_, control(w)->command.id);
+  }
+}
+
+void FrontChannel::ring(uint32_t w) {
+  WorkerControl* c = control(w);
+  publish(c->cmd_seq.value, ++seq_[w], c->worker_sleeping.value);
+}
+
+void FrontChannel::post(const std::vector<uint32_t>& workers, uint32_t code, uint32_t arg,
+                        const std::vector<uint64_t>& request_lens) {
+  if (!request_lens.empty() && request_lens.size() != workers.size())
+    throw std::invalid_argument("one request length per worker");
+  if (busy()) throw std::logic_error("post() while workers are still busy with a command");
+  for (uint32_t w : workers)
+    if (w >= seq_.size()) throw std::out_of_range("worker index out of range");
+  // Relaxed is enough: the seq_cst store of each doorbell below releases it,
+  // and workers read it only after acquiring their doorbell.
+  header()->pending.value.store(static_cast<uint32_t>(workers.size()), std::memory_order_relaxed);
+  std::fill(posted_.begin(), posted_.end(), 0);
+  const int64_t now = platform::now_ns();
+  const uint32_t id = ++next_id_;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    WorkerControl* c = control(workers[i]);
+    posted_[workers[i]] = 1;
+    c->command.code = code;
+    c->command.arg = arg;
+    c->command.request_len = request_lens.empty() ? 0 : request_lens[i];
+    c->command.posted_ns = now;
+    c->command.id = id;
+    ring(workers[i]);
+  }
+}
+
+bool FrontChannel::busy() const {
+  return header()->pending.value.load(std::memory_order_acquire) != 0;
+}
+
+int FrontChannel::dead_worker(const std::vector<int>& sentinels, bool only_busy) const {
+  for (uint32_t w = 0; w < seq_.size(); ++w) {
+    if (only_busy && !posted_[w]) continue;
+    if (platform::first_ready_fd(&sentinels[w], 1) >= 0) return static_cast<int>(w) + 1;
+  }
+  return 0;
+}
+
+int FrontChannel::wait(const std::vector<int>& sentinels, double timeout_s,
+                       const Interrupted& interrupted) {
+  if (sentinels.size() != seq_.size()) throw std::invalid_argument("one sentinel per worker");
+  ArenaHeader* h = header();
+  const int64_t start = platform::now_ns();
+  const int64_t deadline = deadline_after(start, timeout_s);
+  int status = kReady;
+  auto on_slice = [&]() -> bool {
+    if (interrupted()) return status = kInterrupted, false;
+    if (int dead = dead_worker(sentinels, true)) return status = dead, false;
+    if (platform::now_ns() >= deadline) return status = kTimedOut, false;
+    return true;
+  };
+  wait_until(h->pending.value, h->front_sleeping.value, [](uint32_t v) { return v == 0; },
+             spin_.budget_ns(), kFrontSliceNs, on_slice);
+  if (status == kReady) {
+    // Learn how long the workers really took after we started waiting (their
+    // completion stamps), not how long we slept: a futex wake-up costs tens of
+    // microseconds and would teach us never to spin again.
+    int64_t last_done = start;
+    for (uint32_t w = 0; w < seq_.size(); ++w)
+      if (posted_[w]) last_done = std::max(last_done, control(w)->result.done_ns);
+    spin_.observe(last_done - start);
+  }
+  return status;
+}
+
+std::vector<uint32_t> FrontChannel::workers_with_replies() const {
+  std::vector<uint32_t> out;
+  for (uint32_t w = 0; w < seq_.size(); ++w) {
+    const WorkerControl* c = control(w);
+    if (posted_[w] && (c->result.status != 0 || c->result.reply_total != 0)) out.push_back(w);
+  }
+  return out;
+}
+
+void FrontChannel::attach_async(AsyncRegion region, std::vector<uint32_t> owner_of_row) {
+  if (owner_of_row.size() != region.num_envs) throw std::invalid_argument("one owner per env");
+  async_ = region;
+  owner_ = std::move(owner_of_row);
+}
+
+void FrontChannel::send(const std::vector<uint32_t>& rows) {
+  if (!async_.base) throw std::logic_error("async mode is not attached");
+  std::vector<uint8_t> touched(seq_.size(), 0);
+  for (uint32_t row : rows) {
+    if (row >= owner_.size()) throw std::out_of_range("env row out of range");
+    const uint32_t w = owner_[row];
+    Ring* r = async_.todo(w);
+    const uint32_t tail = r->tail.load(std::memory_order_relaxed);  // we are its only writer
+    async_.todo_items(w)[tail & (async_.capacity - 1)] = row;
+    // Release: the worker that acquires the new tail sees the item (and the
+    // action row written before this call).
+    r->tail.store(tail + 1, std::memory_order_release);
+    touched[w] = 1;
+  }
+  for (uint32_t w = 0; w < seq_.size(); ++w)
+    if (touched[w]) ring(w);
+}
+
+uint32_t FrontChannel::finished_ready() const {
+  return async_.header()->finished_count.value.load(std::memory_order_acquire) - popped_;
+}
+
+int FrontChannel::wait_finished(uint32_t count, const std::vector<int>& sentinels, double timeout_s,
+                                const Interrupted& interrupted) {
+  if (!async_.base) throw std::logic_error("async mode is not attached");
+  AsyncHeader* h = async_.header();
+  const int64_t deadline = deadline_after(platform::now_ns(), timeout_s);
+  int status = kReady;
+  const uint32_t popped = popped_;
+  auto on_slice = [&]() -> bool {
+    if (interrupted()) return status = kInterrupted, false;
+    if (int dead = dead_worker(sentinels, false)) return status = dead, false;
+    if (platform::now_ns() >= deadline) return status = kTimedOut, false;
+    return true;
+  };
+  // Envs finish one by one: spin only briefly, then sleep until a worker's push.
+  wait_until(h->finished_count.value, h->front_sleeping.value,
+             [popped, count](uint32_t v) { return v - popped >= count; }, 2'000,
+             kFrontSliceNs, on_slice);
+  return status;
+}
+
+std::vector<uint32_t> FrontChannel::pop_finished(uint32_t count) {
+  // What each worker has published; acquire pairs with the producer's
+  // release of its tail, so the items and the envs' results are visible.
+  struct Pending {
+    uint64_t ticket;
+    uint32_t row, worker;
+  };
+  std::vector<Pending> ready;
+  const uint32_t mask = async_.capacity - 1;
+  for (uint32_t w = 0; w < seq_.size(); ++w) {
+    Ring* r = async_.finished(w);
+    const uint32_t head = r->head.load(std::memory_order_relaxed);  // we are its only writer
+    const uint32_t tail = r->tail.load(std::memory_order_acquire);
+    const FinishedItem* items = async_.finished_items(w);
+    for (uint32_t i = head; i != tail; ++i)
+      ready.push_back({items[i & mask].ticket, items[i & mask].row, w});
+  }
+  if (ready.size() < count) throw std::logic_error("fewer finished envs than counted");
+  // Oldest tickets first. Each worker's tickets increase along its ring, so
+  // the chosen items are a prefix of every ring.
+  std::sort(ready.begin(), ready.end(), [](const Pending& a, const Pending& b) { return a.ticket < b.ticket; });
+  std::vector<uint32_t> rows(count);
+  std::vector<uint32_t> taken(seq_.size(), 0);
+  for (uint32_t i = 0; i < count; ++i) {
+    rows[i] = ready[i].row;
+    ++taken[ready[i].worker];
+  }
+  for (uint32_t w = 0; w < seq_.size(); ++w) {
+    if (!taken[w]) continue;
+    Ring* r = async_.finished(w);
+    r->head.store(r->head.load(std::memory_order_relaxed) + taken[w], std::memory_order_relaxed);
+  }
+  popped_ += count;
+  return rows;
+}
+
+// -------------------------------------------------------------- WorkerChannel
+
+WorkerChannel::WorkerChannel(char* base, FixedLayout layout, uint32_t worker, int parent_fd)
+    : base_(base), layout_(layout), worker_(worker), parent_fd_(parent_fd), spin_(5'000, 50'000) {
+  if (worker >= layout.num_workers) throw std::invalid_argument("bad worker index");
+  // The front end may have rung before we got here: everything since the
+  // last completed command in this slot is new to us.
+  seen_ = control()->done_seq.value.load(std::memory_order_acquire);
+  handled_id_ = 0;
+}
+
+bool WorkerChannel::wait_doorbell() {
+  WorkerControl* c = control();
+  const int64_t start = platform::now_ns();
+  const uint32_t seen = seen_;
+  bool ok = wait_until(
+      c->cmd_seq.value, c->worker_sleeping.value, [seen](uint32_t v) { return v != seen; },
+      spin_.budget_ns(), kWorkerSliceNs,
+      [this] { return platform::first_ready_fd(&parent_fd_, 1) < 0; });
+  if (!ok) return false;
+  seen_ = c->cmd_seq.value.load(std::memory_order_acquire);
+  // The front end's pace: when it posted, not when we woke up.
+  spin_.observe(std::max<int64_t>(0, c->command.posted_ns - start));
+  return true;
+}
+
+bool WorkerChannel::take_command() {
+  const uint32_t id = control()->command.id;
+  if (id == handled_id_) return false;
+  handled_id_ = id;
+  return true;
+}
+
+void WorkerChannel::complete(int32_t status, uint64_t reply_len, uint64_t reply_total) {
+  WorkerControl* c = control();
+  c->result.status = status;
+  c->result.reply_len = reply_len;
+  c->result.reply_total = reply_total;
+  c->result.done_ns = platform::now_ns();
+  c->done_seq.value.store(seen_, std::memory_order_release);
+  ArenaHeader* h = layout_.header(base_);
+  // seq_cst pairs with the front end's (store front_sleeping, load pending).
+  if (h->pending.value.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+      h->front_sleeping.value.load(std::memory_order_seq_cst))
+    platform::futex_wake(&h->pending.value, 1);
+}
+
+bool WorkerChannel::pop_todo(uint32_t* row) {
+  Ring* r = async_.todo(worker_);
+  const uint32_t head = r->head.load(std::memory_order_relaxed);  // we are its only writer
+  // Acquire pairs with the front end's release of the tail: we see the row
+  // and the action written for it.
+  if (head == r->tail.load(std::memory_order_acquire)) return false;
+  *row = async_.todo_items(worker_)[head & (async_.capacity - 1)];
+  r->head.store(head + 1, std::memory_order_relaxed);  // nobody waits for space
+  return true;
+}
+
+void WorkerChannel::push_finished(uint32_t row) {
+  AsyncHeader* h = async_.header();
+  Ring* r = async_.finished(worker_);
+  const uint32_t tail = r->tail.load(std::memory_order_relaxed);  // we are its only writer
+  FinishedItem& item = async_.finished_items(worker_)[tail & (async_.capacity - 1)];
+  item.ticket = h->next_ticket.fetch_add(1, std::memory_order_relaxed);
+  item.row = row;
+  // Release: the front end that sees the tail sees the item and the env's results.
+  r->tail.store(tail + 1, std::memory_order_release);
+  // Counted only after publishing, so the count never runs ahead of what can
+  // be popped. seq_cst pairs with the front end's (store sleeping, load count).
+  h->finished_count.value.fetch_add(1, std::memory_order_seq_cst);
+  if (h->front_sleeping.value.load(std::memory_order_seq_cst))
+    platform::futex_wake(&h->finished_count.value, 1);
+}
+
+}  // namespace shmvec

@@ -1,0 +1,170 @@
+// The control protocol between the front end and its workers, in plain C++
+// (no Python): commands and completions over the fixed region of the arena,
+// and the rings of async mode in the data region.
+//
+// Every worker has a doorbell (cmd_seq) that the front end rings for two
+// reasons: a new command (whose `id` then changes), or new envs in the
+// worker's todo ring (async mode; the id stays). So a kick never clobbers a
+// command, and a worker never runs a command twice.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "arena.hpp"
+#include "signal.hpp"
+
+namespace shmvec {
+
+// Async mode's shared structures, placed at an offset in the data region:
+//   [AsyncHeader][per worker: todo ring, finished ring][record slot per env]
+// Each ring has one producer and one consumer: the front end queues envs to
+// step in a worker's todo ring, the worker queues the envs it finished in its
+// finished ring, stamped with a ticket from one shared counter so the front
+// end can return them in the order they finished. (One multi-producer ring
+// would need the consumer to wait for a producer that reserved a slot but has
+// not filled it yet; here `finished_count` never runs ahead of what can be
+// popped.) Each env is in flight at most once, so rings of capacity >=
+// num_envs never overflow and nobody ever waits for space.
+struct alignas(kLine) AsyncHeader {
+  Word finished_count;  // bumped by a worker after each push; the front end sleeps on it
+  Word front_sleeping;  // written by the front end only
+  alignas(kLine) std::atomic<uint64_t> next_ticket;
+};
+
+struct FinishedItem {
+  uint64_t ticket;
+  uint32_t row;
+  uint32_t reserved;
+};
+
+struct alignas(kLine) Ring {
+  alignas(kLine) std::atomic<uint32_t> tail;  // written by the producer only
+  alignas(kLine) std::atomic<uint32_t> head;  // written by the consumer only
+};
+
+// Per env: the record of its last async step (infos, episode end, ...).
+struct alignas(kLine) RecordSlot {
+  int64_t length;     // bytes of the record, 0 when there is none
+  int32_t is_error;   // the record is a pickled exception
+  int32_t overflow;   // too large for the slot: the worker holds it until fetched
+};
+
+struct AsyncRegion {
+  char* base = nullptr;
+  uint32_t num_envs = 0, num_workers = 0, capacity = 0;
+  uint64_t record_capacity = 0;
+
+  AsyncRegion() = default;
+  AsyncRegion(char* base, uint32_t num_envs, uint32_t num_workers, uint64_t record_capacity);
+  static std::size_t size(uint32_t num_envs, uint32_t num_workers, uint64_t record_capacity);
+
+  AsyncHeader* header() const { return reinterpret_cast<AsyncHeader*>(base); }
+  Ring* todo(uint32_t worker) const { return reinterpret_cast<Ring*>(worker_area(worker)); }
+  uint32_t* todo_items(uint32_t worker) const {
+    return reinterpret_cast<uint32_t*>(worker_area(worker) + sizeof(Ring));
+  }
+  Ring* finished(uint32_t worker) const {
+    return reinterpret_cast<Ring*>(worker_area(worker) + finished_offset());
+  }
+  FinishedItem* finished_items(uint32_t worker) const {
+    return reinterpret_cast<FinishedItem*>(worker_area(worker) + finished_offset() + sizeof(Ring));
+  }
+  RecordSlot* record(uint32_t row) const {
+    return reinterpret_cast<RecordSlot*>(base + records_offset() + row * record_stride());
+  }
+  char* record_data(uint32_t row) const { return reinterpret_cast<char*>(record(row) + 1); }
+
+ private:
+  char* worker_area(uint32_t w) const { return base + sizeof(AsyncHeader) + w * worker_stride(); }
+  std::size_t finished_offset() const;
+  std::size_t worker_stride() const;
+  std::size_t records_offset() const;
+  std::size_t record_stride() const;
+};
+
+// How a wait ended.
+enum WaitStatus : int { kReady = 0, kTimedOut = -1, kInterrupted = -2 };  // > 0: 1 + dead worker
+
+class FrontChannel {
+ public:
+  // Called between sleeps: true means stop waiting (a signal is pending).
+  using Interrupted = std::function<bool()>;
+
+  FrontChannel(char* base, FixedLayout layout, bool initialize);
+
+  // Gives `code` to each of `workers` (with its request length) and rings them.
+  void post(const std::vector<uint32_t>& workers, uint32_t code, uint32_t arg,
+            const std::vector<uint64_t>& request_lens);
+  // Waits until every posted worker has completed. Returns a WaitStatus.
+  int wait(const std::vector<int>& sentinels, double timeout_s, const Interrupted& interrupted);
+  bool busy() const;
+  const WorkerControl& control_of(uint32_t w) const { return *control(w); }
+  std::vector<uint32_t> workers_with_replies() const;
+  void set_spin_limits(int64_t min_ns, int64_t max_ns) { spin_.set_limits(min_ns, max_ns); }
+
+  // Async mode.
+  void attach_async(AsyncRegion region, std::vector<uint32_t> owner_of_row);
+  // Queues envs to step with their owners and rings each owner once.
+  void send(const std::vector<uint32_t>& rows);
+  // Waits until at least `count` finished envs are ready to pop.
+  int wait_finished(uint32_t count, const std::vector<int>& sentinels, double timeout_s,
+                    const Interrupted& interrupted);
+  uint32_t finished_ready() const;
+  // Pops exactly `count` finished rows (at least that many must be ready),
+  // in the order they finished.
+  std::vector<uint32_t> pop_finished(uint32_t count);
+  const AsyncRegion& async_region() const { return async_; }
+
+ private:
+  ArenaHeader* header() const { return layout_.header(base_); }
+  WorkerControl* control(uint32_t w) const { return layout_.control(base_, w); }
+  void ring(uint32_t w);
+  // 1 + the first busy worker whose sentinel says it died, else 0.
+  int dead_worker(const std::vector<int>& sentinels, bool only_busy) const;
+
+  char* base_;
+  FixedLayout layout_;
+  AdaptiveSpin spin_;
+  std::vector<uint32_t> seq_;    // doorbell value last rung for each worker
+  std::vector<uint8_t> posted_;  // workers given the last command
+  uint32_t next_id_ = 0;
+  AsyncRegion async_;
+  std::vector<uint32_t> owner_;  // worker of each env row
+  uint32_t popped_ = 0;          // finished_count value consumed so far
+};
+
+class WorkerChannel {
+ public:
+  WorkerChannel(char* base, FixedLayout layout, uint32_t worker, int parent_fd);
+
+  // Sleeps until the doorbell rings; false when the front end is gone.
+  bool wait_doorbell();
+  // True once per new command (a ring may only mean new async work).
+  bool take_command();
+  const WorkerControl& control_of() const { return *control(); }
+  // Completes the current command; the last worker to finish wakes the front end.
+  void complete(int32_t status, uint64_t reply_len, uint64_t reply_total);
+
+  // Async mode.
+  void attach_async(AsyncRegion region) { async_ = region; }
+  bool has_async() const { return async_.base != nullptr; }
+  bool pop_todo(uint32_t* row);
+  void push_finished(uint32_t row);
+  const AsyncRegion& async_region() const { return async_; }
+
+ private:
+  WorkerControl* control() const { return layout_.control(base_, worker_); }
+
+  char* base_;
+  FixedLayout layout_;
+  uint32_t worker_;
+  int parent_fd_;
+  AdaptiveSpin spin_;
+  uint32_t seen_;        // doorbell value last seen
+  uint32_t handled_id_;  // id of the last command taken
+  AsyncRegion async_;
+};
+
+}  // namespace shmvec

@@ -1,0 +1,234 @@
+"""EnvPool-style async stepping (batch_size < num_envs): every env's own
+trajectory is what SyncVectorEnv gives it, whatever order envs come back in;
+no env starves; misuse is an error, never a hang."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same
+
+import shmvec
+from shmvec.testing import SpacesEnv, StragglerEnv
+
+
+def receive_resets(envs) -> list[int]:
+    """async_reset(), then receive every env's reset result."""
+    envs.async_reset(seed=0)
+    return [int(i) for _ in range(envs.num_envs // envs.batch_size) for i in envs.recv()[4]["env_id"]]
+
+
+def row_info(infos: dict, i: int) -> dict:
+    """One env's part of vectorised infos (the inverse of _add_info), keys
+    sorted: their batched order depends on which other envs share the batch."""
+    out = {}
+    for key, value in sorted(infos.items()):
+        if key.startswith("_") or key == "env_id":
+            continue
+        mask = infos.get(f"_{key}")
+        if mask is None or not mask[i]:
+            continue
+        out[key] = row_info(value, i) if isinstance(value, dict) else value[i]
+    return out
+
+
+def sync_trajectories(make, num_envs, actions, mode):
+    ref = SyncVectorEnv([make] * num_envs, autoreset_mode=mode)
+    obs, infos = ref.reset(seed=0)
+    trajectories = [[(obs[i], 0.0, False, False, row_info(infos, i))] for i in range(num_envs)]
+    for t in range(actions.shape[1]):
+        obs, rew, term, trunc, infos = ref.step(actions[:, t])
+        for i in range(num_envs):
+            trajectories[i].append((obs[i], rew[i], term[i], trunc[i], row_info(infos, i)))
+    ref.close()
+    return trajectories
+
+
+def async_trajectories(envs, actions, rounds):
+    num_envs = envs.num_envs
+    trajectories = [[] for _ in range(num_envs)]
+    envs.async_reset(seed=0)
+    order = []
+    for _ in range(rounds):
+        obs, rew, term, trunc, infos = envs.recv()
+        ids = infos["env_id"]
+        assert len(ids) == envs.batch_size and len(set(ids.tolist())) == len(ids)
+        order.append(ids.tolist())
+        sent = []
+        for k, i in enumerate(ids):
+            trajectories[i].append((obs[k], rew[k], term[k], trunc[k], row_info(infos, k)))
+            sent.append(actions[i, len(trajectories[i]) - 1] if len(trajectories[i]) <= actions.shape[1] else 0)
+        envs.send(np.array(sent), ids)
+    return trajectories, order
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)
+@pytest.mark.parametrize("make", [
+    lambda: gym.make("CartPole-v1"),
+    functools.partial(SpacesEnv, max_steps=5, terminate_prob=0.2),
+], ids=["cartpole", "spaces"])
+def test_each_env_trajectory_matches_sync(make, mode):
+    num_envs, batch, rounds = 6, 2, 150
+    rng = np.random.default_rng(0)
+    n_actions = 2 if isinstance(make(), gym.Wrapper) else 3
+    actions = rng.integers(0, n_actions, size=(num_envs, rounds))
+    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=3, autoreset_mode=mode,
+                            start_method="fork")
+    try:
+        got, _ = async_trajectories(envs, actions, rounds)
+    finally:
+        envs.close()
+    steps = min(len(t) for t in got)
+    assert steps > 10
+    expected = sync_trajectories(make, num_envs, actions[:, :steps], mode)
+    for i in range(num_envs):
+        for t in range(steps):
+            assert_same(got[i][t][0], expected[i][t][0], f"env {i} step {t} obs")
+            assert float(got[i][t][1]) == float(expected[i][t][1]), f"env {i} step {t} reward"
+            assert bool(got[i][t][2]) == bool(expected[i][t][2]) and bool(got[i][t][3]) == bool(expected[i][t][3])
+            assert_same(got[i][t][4], expected[i][t][4], f"env {i} step {t} info")
+
+
+def test_stragglers_never_starve():
+    make = functools.partial(StragglerEnv, base_ms=0.2, slow_ms=5, slow_prob=0.2)
+    envs = shmvec.ShmVecEnv([make] * 8, batch_size=3, num_workers=4, start_method="fork")
+    try:
+        envs.async_reset(seed=1)
+        counts = np.zeros(8, dtype=int)
+        for _ in range(120):
+            obs, rew, term, trunc, infos = envs.recv()
+            ids = infos["env_id"]
+            assert len(ids) == 3 and len(set(ids.tolist())) == 3
+            assert obs.shape == (3, 4) and rew.shape == (3,)
+            counts[ids] += 1
+            envs.send(np.zeros(3, dtype=np.int64), ids)
+        assert counts.min() >= 10, counts  # every env keeps coming back
+    finally:
+        envs.close()
+
+
+@pytest.fixture
+def async_envs():
+    envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, batch_size=2, num_workers=2,
+                            start_method="fork", timeout=5)
+    yield envs
+    envs.close()
+
+
+def test_misuse_is_an_error(async_envs):
+    envs = async_envs
+    with pytest.raises(RuntimeError, match="send"):
+        envs.step(np.zeros(4, dtype=np.int64))
+    with pytest.raises(RuntimeError, match="async_reset"):
+        envs.reset()
+    with pytest.raises(RuntimeError, match="in flight"):
+        envs.recv()  # nothing in flight
+    envs.async_reset(seed=0)
+    with pytest.raises(ValueError, match="not yet received"):
+        envs.send(np.zeros(1, dtype=np.int64), [0])
+    _, _, _, _, infos = envs.recv()
+    ids = infos["env_id"]
+    with pytest.raises(ValueError, match="shape"):
+        envs.send(np.zeros(3, dtype=np.int64), ids)  # count differs from ids
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        envs.send(np.zeros(1, dtype=np.int64), [7])
+    with pytest.raises(ValueError, match="repeated"):
+        envs.send(np.zeros(2, dtype=np.int64), [ids[0], ids[0]])
+    with pytest.raises(TypeError):
+        envs.send(np.zeros(2, dtype=np.float64), ids)
+    envs.send(np.zeros(2, dtype=np.int64), ids)
+    with pytest.raises(ValueError, match="in flight"):
+        envs.send(np.zeros(2, dtype=np.int64), ids)
+    reset_rest = envs.recv()[4]["env_id"]  # reset results come first
+    stepped = envs.recv()[4]["env_id"]
+    assert sorted(reset_rest.tolist() + ids.tolist()) == [0, 1, 2, 3]
+    assert sorted(stepped.tolist()) == sorted(ids.tolist())
+    with pytest.raises(RuntimeError, match="in flight"):
+        envs.recv()
+
+
+def test_construction_errors():
+    fns = [lambda: gym.make("CartPole-v1")] * 4
+    with pytest.raises(ValueError, match="DISABLED"):
+        shmvec.ShmVecEnv(fns, batch_size=2, autoreset_mode=AutoresetMode.DISABLED)
+    with pytest.raises(ValueError, match="batch_size"):
+        shmvec.ShmVecEnv(fns, batch_size=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        shmvec.ShmVecEnv(fns, batch_size=5)
+    with pytest.raises(ValueError, match="caller"):
+        shmvec.ShmVecEnv(fns, batch_size=2, caller_steps=True)
+
+
+def test_worker_death_while_in_flight():
+    envs = shmvec.ShmVecEnv([functools.partial(StragglerEnv, base_ms=200, slow_prob=0)] * 4,
+                            batch_size=2, num_workers=2, start_method="fork")
+    try:
+        envs.async_reset()
+        ids = envs.recv()[4]["env_id"]
+        envs.send(np.zeros(2, dtype=np.int64), ids)
+        envs.recv()
+        for p in envs._engine._processes:
+            os.kill(p.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(shmvec.WorkerDiedError):
+            envs.recv()
+        assert time.monotonic() - start < 5
+    finally:
+        envs.close()
+
+
+def test_timeout_while_in_flight():
+    envs = shmvec.ShmVecEnv([functools.partial(StragglerEnv, base_ms=0.1, slow_ms=30_000, slow_prob=1.0)] * 2,
+                            batch_size=1, num_workers=1, caller_steps=False, start_method="fork", timeout=0.5)
+    try:
+        receive_resets(envs)
+        envs.send(np.zeros(1, dtype=np.int64), [0])
+        with pytest.raises(TimeoutError):
+            envs.recv()
+    finally:
+        start = time.monotonic()
+        envs.close(terminate=True)
+        assert time.monotonic() - start < 10
+
+
+def test_env_error_in_async_step_reaches_caller():
+    class Boom(SpacesEnv):
+        def step(self, action):
+            raise KeyError("boom")
+
+    envs = shmvec.ShmVecEnv([Boom] * 2, batch_size=1, num_workers=1, caller_steps=False, start_method="fork")
+    try:
+        receive_resets(envs)
+        envs.send(np.zeros(1, dtype=np.int64), [1])
+        with pytest.raises(KeyError, match="boom") as info:
+            envs.recv()
+        assert "Traceback" in str(info.value.__cause__)
+        with pytest.raises(RuntimeError, match="reset"):
+            envs.send(np.zeros(1, dtype=np.int64), [0])
+        envs.async_reset()  # usable again
+        assert len(envs.recv()[4]["env_id"]) == 1
+    finally:
+        envs.close()
+
+
+def test_large_infos_arrive_whole():
+    class BigInfo(SpacesEnv):
+        def step(self, action):
+            obs, r, te, tr, _ = super().step(action)
+            return obs, r, te, tr, {"blob": np.arange(50_000, dtype=np.int64)}  # 400 kB
+
+    envs = shmvec.ShmVecEnv([BigInfo] * 2, batch_size=1, num_workers=1, caller_steps=False, start_method="fork")
+    try:
+        receive_resets(envs)
+        envs.send(np.zeros(1, dtype=np.int64), [1])
+        infos = envs.recv()[4]
+        np.testing.assert_array_equal(infos["blob"][0], np.arange(50_000))
+    finally:
+        envs.close()
