@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import threading
+import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -149,14 +150,15 @@ class Engine:
         self.broken: str | None = None  # why the engine can no longer step
         self._processes: list[mp.process.BaseProcess] = []
         self._cpus: list[int | None] = []
-        self._fd = -1
-        self._parent_write = -1
         self._caller: EnvSlice | None = None
 
         slices = split_slices(self.num_envs, num_slices)
         caller_rows = slices.pop(0) if caller_steps else None
         self.worker_rows = slices
-        self._finalizer = weakref.finalize(self, Engine._cleanup, self._processes, self._cpus, [])
+        # fds to close at shutdown: [parent pipe's write end, arena memfd].
+        self._fds = [-1, -1]
+        # If the engine is garbage-collected unclosed, workers still go away.
+        self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._cpus, self._fds, 1.0)
         try:
             self._start_workers(env_fns, pin_workers)
             if caller_rows is not None:
@@ -172,8 +174,8 @@ class Engine:
         w = self.num_workers
         fixed = _core.fixed_region_size(w, REQUEST_CAPACITY, REPLY_CAPACITY)
         self._fixed_size = fixed
-        self._fd = _core.create_shared_file(fixed)
-        self._boot = _core.Mapping(self._fd, fixed)
+        self._fds[1] = _core.create_shared_file(fixed)
+        self._boot = _core.Mapping(self._fds[1], fixed)
         self._channel = _core.FrontChannel(self._boot, w, REQUEST_CAPACITY, REPLY_CAPACITY, True)
         buf = memoryview(self._boot)
         self._request_areas, self._reply_areas = [], []
@@ -184,7 +186,7 @@ class Engine:
         if w == 0:
             self._sentinels: list[int] = []
             return
-        read_end, self._parent_write = os.pipe()
+        read_end, self._fds[0] = os.pipe()
         self._cpus[:] = _take_cpus(w, pin_workers)
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
@@ -195,9 +197,9 @@ class Engine:
                 spec = WorkerSpec(
                     index=k, num_workers=w, first_row=rows.start,
                     factories=cloudpickle.dumps([env_fns[i] for i in rows]),
-                    arena=FdHandle(self._fd), fixed_size=fixed,
+                    arena=FdHandle(self._fds[1]), fixed_size=fixed,
                     request_capacity=REQUEST_CAPACITY, reply_capacity=REPLY_CAPACITY,
-                    parent_alive=FdHandle(read_end), parent_write_fd=self._parent_write,
+                    parent_alive=FdHandle(read_end), parent_write_fd=self._fds[0],
                     start_method=self.start_method, cpu=self._cpus[k],
                 )
                 p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=True)
@@ -231,8 +233,8 @@ class Engine:
         self.layout = DataLayout(obs_space, act_space, self.num_envs, self._fixed_size,
                                  async_size, RECORD_CAPACITY)
         total = self._fixed_size + self.layout.size
-        _core.resize_shared_file(self._fd, total)
-        self._data = _core.Mapping(self._fd, total)
+        _core.resize_shared_file(self._fds[1], total)
+        self._data = _core.Mapping(self._fds[1], total)
         self.views = self.layout.views(self._data)
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
@@ -244,8 +246,8 @@ class Engine:
             attach = P.dumps((self.layout, obs_space, act_space, autoreset_code))
             self._post(P.ATTACH, [attach] * self.num_workers)
             self._collect(range(self.num_workers))
-        os.close(self._fd)  # the mappings and the workers keep the memory
-        self._fd = -1
+        os.close(self._fds[1])  # the mappings and the workers keep the memory
+        self._fds[1] = -1
 
     # -- commands -----------------------------------------------------------
 
@@ -448,33 +450,32 @@ class Engine:
     # -- shutdown -------------------------------------------------------------
 
     def close(self, terminate: bool = False) -> None:
-        """Closes envs and workers; with `terminate`, kills workers at once.
-        Idempotent. Afterwards no worker, fd or mapping of ours remains."""
+        """Closes envs and workers; with `terminate` (or when a worker is dead
+        or hung) kills workers at once. Idempotent and bounded in time.
+        Afterwards no worker, fd or mapping of ours remains."""
         if self.closed:
             return
         self.closed = True
-        errors = []
-        if not terminate and self._processes and not self.broken:
+        errors: list[BaseException] = []
+        graceful = bool(self._processes) and not terminate and not self.broken
+        if graceful:
+            # Bounded even if an env hangs and no timeout was set.
+            self.timeout = CLOSE_GRACE_S if self.timeout < 0 else min(self.timeout, CLOSE_GRACE_S)
             try:
                 self.drain()
                 self._post(P.CLOSE, None)
                 self._collect(range(self.num_workers))
             except BaseException as exc:  # a broken worker must not stop the shutdown
                 errors.append(exc)
+                graceful = False
         if self._caller is not None:
             try:
                 self._caller.close()
             except Exception as exc:
                 errors.append(exc)
             self._caller = None
-        if self._parent_write >= 0:
-            os.close(self._parent_write)  # workers see EOF and exit if still alive
-            self._parent_write = -1
-        Engine._cleanup(self._processes, self._cpus, [])
         self._finalizer.detach()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        _shutdown(self._processes, self._cpus, self._fds, CLOSE_GRACE_S if graceful else 0.0)
         # Drop our views so the mappings go away (user-held copy=False views
         # keep theirs alive, as any numpy view keeps its buffer).
         self.views = None
@@ -485,19 +486,22 @@ class Engine:
             if not isinstance(exc, (WorkerDiedError, TimeoutError, ShmVecError)):
                 raise exc
 
-    @staticmethod
-    def _cleanup(processes: list, cpus: list, _unused: list) -> None:
-        for p in processes:
-            p.join(timeout=CLOSE_GRACE_S if p.is_alive() else 0)
-        for p in processes:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=CLOSE_GRACE_S)
-        for p in processes:
-            try:
-                p.close()
-            except ValueError:
-                pass
-        processes.clear()
-        _release_cpus(cpus)
-        cpus.clear()
+
+def _shutdown(processes: list, cpus: list, fds: list[int], grace: float) -> None:
+    """Closes our fds (workers see end-of-file on the parent pipe and exit),
+    gives workers `grace` seconds in all, then kills what is left."""
+    for k, fd in enumerate(fds):
+        if fd >= 0:
+            os.close(fd)
+            fds[k] = -1
+    deadline = time.monotonic() + grace
+    for p in processes:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=CLOSE_GRACE_S)
+        p.close()
+    processes.clear()
+    _release_cpus(cpus)
+    cpus.clear()
