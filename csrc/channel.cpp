@@ -19,7 +19,9 @@ uint32_t pow2_at_least(uint32_t n) {
 }
 
 int64_t deadline_after(int64_t start, double timeout_s) {
-  return timeout_s < 0 ? INT64_MAX : start + static_cast<int64_t>(timeout_s * 1e9);
+  // Negative: no timeout. Beyond ~292 years the nanoseconds would overflow.
+  if (timeout_s < 0 || timeout_s > 9e9) return INT64_MAX;
+  return start + static_cast<int64_t>(timeout_s * 1e9);
 }
 }  // namespace
 

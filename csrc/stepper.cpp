@@ -64,6 +64,16 @@ py::tuple unpack(py::handle result, size_t n, py::ssize_t row, const char* metho
   return t;
 }
 
+// Replaces the pending conversion error with one that names the env.
+[[noreturn]] void bad_value(py::ssize_t row, const char* what, py::handle value, const char* expected) {
+  PyErr_Clear();
+  std::string shown = py::repr(value);
+  if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+  PyErr_SetString(PyExc_TypeError, ("env " + std::to_string(row) + ": step() returned " + what + " " +
+                                    shown + ", expected " + expected).c_str());
+  throw py::error_already_set();
+}
+
 bool is_empty_dict(py::handle obj) { return PyDict_Check(obj.ptr()) && PyDict_GET_SIZE(obj.ptr()) == 0; }
 
 }  // namespace
@@ -224,11 +234,11 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
     auto result = py::reinterpret_steal<py::object>(raw);
     py::tuple r = unpack(result, 5, row, "step");
     double reward = PyFloat_AsDouble(r[1].ptr());
-    if (reward == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+    if (reward == -1.0 && PyErr_Occurred()) bad_value(row, "reward", r[1], "a number");
     int terminated = PyObject_IsTrue(r[2].ptr());
-    if (terminated < 0) throw py::error_already_set();
+    if (terminated < 0) bad_value(row, "terminated", r[2], "a bool");
     int truncated = PyObject_IsTrue(r[3].ptr());
-    if (truncated < 0) throw py::error_already_set();
+    if (truncated < 0) bad_value(row, "truncated", r[3], "a bool");
     rewards_[row] = reward;
     terminations_[row] = terminated;
     truncations_[row] = truncated;

@@ -20,7 +20,7 @@ import numpy as np
 from shmvec import _core
 from shmvec import protocol as P
 from shmvec._system import IS_LINUX, allowed_cpu_ids, usable_cpus
-from shmvec.env_slice import EnvSlice
+from shmvec.env_slice import EnvSlice, make_envs
 from shmvec.errors import RemoteTraceback, ShmVecError, WorkerDiedError
 from shmvec.layout import DataLayout
 from shmvec.worker import FdHandle, WorkerSpec
@@ -68,12 +68,24 @@ def _take_cpus(count: int, pin: bool | Sequence[int]) -> list[int | None]:
             chosen = sorted(allowed, key=lambda c: (_pinned_cpus[c], -c))[:count]
             chosen = [chosen[k % len(chosen)] for k in range(count)]
         else:
-            cpus = [int(c) for c in pin]
-            if len(cpus) < count:
-                raise ValueError(f"pin_workers lists {len(cpus)} CPUs for {count} workers")
-            chosen = cpus[:count]
+            chosen = list(pin)[:count]
+            if len(chosen) < count:
+                raise ValueError(f"pin_workers lists {len(chosen)} CPUs for {count} workers")
         _pinned_cpus.update(chosen)
     return chosen
+
+
+def _check_pin_workers(pin: Any) -> None:
+    if isinstance(pin, bool):
+        return
+    if not isinstance(pin, Sequence) or isinstance(pin, str):
+        raise TypeError(f"pin_workers must be False, True or a list of CPU ids, got {pin!r}")
+    allowed = set(allowed_cpu_ids())
+    for cpu in pin:
+        if isinstance(cpu, bool) or not isinstance(cpu, (int, np.integer)):
+            raise TypeError(f"pin_workers must list CPU ids (ints), got {cpu!r}")
+        if cpu not in allowed:
+            raise ValueError(f"pin_workers lists CPU {cpu}, but this process may only run on CPUs {sorted(allowed)}")
 
 
 def _release_cpus(cpus: list[int | None]) -> None:
@@ -123,13 +135,17 @@ class Engine:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if num_workers == 0 and not caller_steps:
             raise ValueError("num_workers=0 needs caller_steps=True (someone has to step the envs)")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
+                raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+            if not timeout > 0:
+                raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+            if timeout == float("inf"):
+                timeout = None
         start_method = start_method or "forkserver"
         if start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
-        if not (isinstance(pin_workers, bool) or (isinstance(pin_workers, Sequence) and not isinstance(pin_workers, str))):
-            raise TypeError(f"pin_workers must be False, True or a list of CPU ids, got {pin_workers!r}")
+        _check_pin_workers(pin_workers)
 
         if async_mode and caller_steps:
             raise ValueError("in async mode the caller cannot step envs itself: use caller_steps=False")
@@ -148,6 +164,7 @@ class Engine:
         self.start_method = start_method
         self.closed = False
         self.broken: str | None = None  # why the engine can no longer step
+        self.caller_interrupted = False  # the caller's slice stopped mid-batch (Ctrl-C)
         self._processes: list[mp.process.BaseProcess] = []
         self._cpus: list[int | None] = []
         self._caller: EnvSlice | None = None
@@ -162,10 +179,14 @@ class Engine:
         try:
             self._start_workers(env_fns, pin_workers)
             if caller_rows is not None:
-                self._caller = EnvSlice([env_fns[i]() for i in caller_rows], caller_rows.start)
+                factories = [env_fns[i] for i in caller_rows]
+                self._caller = EnvSlice(make_envs(factories, caller_rows.start), caller_rows.start)
             self._describe_and_attach(autoreset_code)
         except BaseException:
-            self.close(terminate=True)
+            try:
+                self.close(terminate=True)
+            except Exception:  # the first error is the one to report
+                pass
             raise
 
     # -- set-up -------------------------------------------------------------
@@ -337,11 +358,15 @@ class Engine:
             else:
                 self._post(code, requests)
         caller_result, caller_error = None, None
+        self.caller_interrupted = False
         if self._caller is not None:
             try:
                 caller_result = caller_fn(self._caller)
             except Exception as exc:
                 caller_error = exc
+            except BaseException:  # KeyboardInterrupt: workers finish; drain() waits for them
+                self.caller_interrupted = True
+                raise
         replies: list[bytes] = []
         if self.num_workers:
             try:
@@ -349,12 +374,11 @@ class Engine:
                 # On the step path only workers with infos or episode ends reply.
                 workers = self._channel.workers_with_replies() if plain_step else range(self.num_workers)
                 replies = self._read_replies(workers)
-            except Exception as exc:
+            except Exception:
                 if caller_error is None:
                     raise
-                raise caller_error from exc  # the caller's envs come first by index
         if caller_error is not None:
-            raise caller_error
+            raise caller_error  # the caller's envs come first by index
         return caller_result, replies
 
     # -- the operations front ends use ------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from shmvec import _core
@@ -35,6 +36,21 @@ def _action_builder(action_space, action_views):
         return unflatten(values)
 
     return build
+
+
+def make_envs(factories, first_row: int) -> list:
+    """Calls each factory; an error names the env it was making."""
+    envs = []
+    for row, make in enumerate(factories, start=first_row):
+        try:
+            env = make()
+        except BaseException as exc:
+            exc.shmvec_row = row  # where it failed, for the error report
+            raise
+        if not isinstance(env, gym.Env):
+            raise TypeError(f"env_fns[{row}] returned {type(env).__name__}, not a gymnasium.Env")
+        envs.append(env)
+    return envs
 
 
 class EnvSlice:

@@ -18,7 +18,7 @@ class WorkerDiedError(ShmVecError):
         self.env_indices = env_indices
         self.exitcode = exitcode
         if exitcode is None:
-            how = "with an unknown exit status"
+            how = "exit status unknown"
         elif exitcode < 0:
             import signal
 
@@ -28,9 +28,9 @@ class WorkerDiedError(ShmVecError):
                 name = str(-exitcode)
             how = f"killed by signal {name}"
         else:
-            how = f"with exit code {exitcode}"
+            how = f"exit code {exitcode}"
         super().__init__(
-            f"shmvec worker {worker} (envs {env_indices.start}..{env_indices.stop - 1}) died {how}; "
+            f"shmvec worker {worker} (envs {env_indices.start}..{env_indices.stop - 1}) died ({how}); "
             "close this vector env and create a new one"
         )
 

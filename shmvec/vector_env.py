@@ -99,6 +99,12 @@ class ShmVecEnv(VectorEnv):
         super().__init__()
         self.closed = True  # until the engine is up, so __del__/close have nothing to do
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        try:
+            env_fns = list(env_fns)
+        except TypeError:
+            raise TypeError(f"env_fns must be a list of callables that make envs, got {env_fns!r}") from None
+        if not env_fns:
+            raise ValueError("env_fns is empty: pass at least one env factory")
         self.env_fns = env_fns
         self.copy = bool(copy)
         num_envs = len(env_fns)
@@ -295,9 +301,11 @@ class ShmVecEnv(VectorEnv):
     def _run(self, operation: Callable[[], Any]) -> Any:
         try:
             return operation()
-        except ShmVecError:
-            raise
-        except TimeoutError:
+        except (ShmVecError, TimeoutError):
+            raise  # the engine is broken: it says so itself
+        except KeyboardInterrupt:
+            if self._engine.caller_interrupted:  # our own slice stopped mid-batch
+                self._reset_required = "a step was interrupted mid-batch; reset() all envs before stepping again"
             raise
         except Exception:
             # Some envs of the batch stepped, others did not: only a full reset
@@ -396,6 +404,7 @@ class ShmVecEnv(VectorEnv):
         """Closes the envs and the workers; ``terminate=True`` kills workers
         at once (e.g. when an env hangs)."""
         engine = getattr(self, "_engine", None)
+        self._io = None  # its views would keep the arena mapped
         if engine is not None:
             engine.close(terminate=terminate)
 

@@ -19,7 +19,7 @@ import numpy  # noqa: F401
 from shmvec import _core
 from shmvec import protocol as P
 from shmvec._system import pin_to_cpu
-from shmvec.env_slice import EnvSlice
+from shmvec.env_slice import EnvSlice, make_envs
 from shmvec.layout import DataLayout
 
 __all__ = ["FdHandle", "WorkerSpec", "main"]
@@ -109,9 +109,9 @@ class Worker:
     def run(self) -> None:
         try:
             factories = cloudpickle.loads(self.spec.factories)
-            self.slice = EnvSlice([make() for make in factories], self.spec.first_row)
+            self.slice = EnvSlice(make_envs(factories, self.spec.first_row), self.spec.first_row)
         except BaseException as exc:
-            self.setup_error = P.RemoteError.capture(exc, self.spec.first_row)
+            self.setup_error = P.RemoteError.capture(exc, getattr(exc, "shmvec_row", self.spec.first_row))
         command = None
         while True:
             if command is None:

@@ -1,0 +1,288 @@
+"""Small envs that fail on purpose, for the fault and bad-input tests, and
+helpers that inspect this process's children, fds and mappings.
+
+Everything here is importable in worker processes under every start method
+(tests/ is on sys.path of the test process, which spawn and forkserver
+children inherit)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+# -- envs ---------------------------------------------------------------------
+
+# FaultEnv actions: what an env does when it gets that action in step().
+OK, RAISE, EXIT, KILL, HANG, GATE = range(6)
+
+
+class Boom(Exception):
+    """The exception the fault envs raise (a type of our own, so that a test
+    can tell it reached the caller as itself)."""
+
+
+class FaultEnv(gym.Env):
+    """Observation: the number of steps since the last reset, in both entries.
+    The action decides what step() does: OK steps; RAISE raises Boom; EXIT
+    calls os._exit(3); KILL SIGKILLs its own process; HANG sleeps `hang_s`;
+    GATE waits (up to `hang_s`) until the file `gate` exists, then steps.
+    reset(options={"fail": True}) raises Boom; so do explode() and, with
+    `fail_factory`, the constructor."""
+
+    observation_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
+    action_space = spaces.Discrete(6)
+
+    def __init__(self, gate: str | None = None, hang_s: float = 60.0, fail_factory: bool = False):
+        if fail_factory:
+            raise Boom("factory failed")
+        self.gate = gate
+        self.hang_s = hang_s
+        self.t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.full(2, self.t, dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if options and options.get("fail"):
+            raise Boom("reset failed")
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        action = int(action)
+        if action == RAISE:
+            raise Boom("step failed")
+        if action == EXIT:
+            os._exit(3)
+        if action == KILL:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action == HANG:
+            time.sleep(self.hang_s)
+        if action == GATE:
+            deadline = time.monotonic() + self.hang_s
+            while not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        self.t += 1
+        return self._obs(), 1.0, False, False, {}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def explode(self):
+        raise Boom("call failed")
+
+    def exit_now(self):
+        os._exit(3)
+
+    def hang(self):
+        time.sleep(self.hang_s)
+
+
+def failing_factory():
+    raise Boom("factory failed")
+
+
+def actions_for(num_envs: int, row: int | None = None, action: int = OK) -> np.ndarray:
+    """OK for every env, `action` for env `row`."""
+    a = np.full(num_envs, OK, dtype=np.int64)
+    if row is not None:
+        a[row] = action
+    return a
+
+
+class ContractEnv(gym.Env):
+    """Env `bad_row` of the batch breaks its contract in the way `kind` says,
+    from its first step (or reset, for the reset_* kinds); the others behave.
+    Observations depend on the step count and the env's row, episodes are
+    truncated every 4 steps."""
+
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, row: int, bad_row: int, kind: str, observation_space: spaces.Space | None = None):
+        self.observation_space = observation_space or spaces.Box(-10, 10, (3,), np.float32)
+        self.row, self.bad_row, self.kind = row, bad_row, kind
+        self.t = 0
+
+    def _obs(self, dtype=None, shape=None) -> np.ndarray:
+        space = self.observation_space
+        return np.full(space.shape if shape is None else shape, self.t + 0.25 * self.row,
+                       dtype=space.dtype if dtype is None else dtype)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        if self.row == self.bad_row:
+            if self.kind == "reset_three_values":
+                return self._obs(), {}, 1
+            if self.kind == "reset_obs_shape":
+                return self._obs(shape=(4,)), {}
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        obs, reward, terminated, truncated, info = self._obs(), 1.0, False, self.t % 4 == 0, {}
+        if self.row != self.bad_row:
+            return obs, reward, terminated, truncated, info
+        k = self.kind
+        if k == "four_values":
+            return obs, reward, terminated, info
+        if k == "six_values":
+            return obs, reward, terminated, truncated, info, None
+        if k == "returns_none":
+            return None
+        if k == "obs_shape":
+            obs = self._obs(shape=(4,))
+        elif k == "obs_shape_2d":
+            obs = self._obs(shape=(3, 1))
+        elif k == "obs_scalar":
+            obs = 1.0
+        elif k == "obs_complex":
+            obs = self._obs(dtype=np.complex128)
+        elif k == "obs_str":
+            obs = np.array(["a", "b", "c"])
+        elif k == "obs_float_for_int":  # for an integer Box: float -> int is not a same-kind cast
+            obs = self._obs(dtype=np.float64)
+        elif k == "reward_none":
+            reward = None
+        elif k == "reward_str":
+            reward = "one"
+        elif k == "reward_array":
+            reward = np.array([1.0, 2.0])
+        elif k == "flags_array":
+            terminated = np.array([True, False])
+        return obs, reward, terminated, truncated, info
+
+
+class CastEnv(gym.Env):
+    """Returns values of other types than its spaces promise, all of them
+    ones SyncVectorEnv casts: `obs_dtype` (numpy dtype, or "list" for a
+    Python list) for the observation, `reward` and the flags of the given
+    Python/numpy types. Episodes end (terminated) every 3 steps, so the
+    autoreset paths write observations too."""
+
+    action_space = spaces.Discrete(3)
+
+    def __init__(self, row: int, space_dtype, obs_dtype, reward_type=float, flag_type=bool):
+        self.observation_space = spaces.Box(-100, 100, (2, 2), space_dtype)
+        self.row = row
+        self.obs_dtype = obs_dtype
+        self.reward_type = reward_type
+        self.flag_type = flag_type
+        self.t = 0
+
+    def _obs(self) -> Any:
+        values = np.array([[self.t, self.row], [self.t * 0.5 + 0.25, -self.t]], dtype=np.float64)
+        if self.obs_dtype == "list":
+            return values.tolist()
+        return values.astype(self.obs_dtype)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = self.reward_type(self.t + int(action))
+        terminated = self.flag_type(self.t % 3 == 0)
+        truncated = self.flag_type(0)
+        return self._obs(), reward, terminated, truncated, {}
+
+
+# -- process, fd and mapping inspection ---------------------------------------
+
+
+def children(pid: int | None = None) -> list[int]:
+    """Direct children of a process (this one by default), zombies included."""
+    pid = os.getpid() if pid is None else pid
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return sorted(set(out))
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    out, todo = [], children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children(p)
+    return sorted(out)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def running(pid: int) -> bool:
+    """True while the process exists and is not a zombie (an exited process
+    that nobody has reaped yet holds no resources but its pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids, timeout: float = 5.0) -> list[int]:
+    """Waits until none of `pids` runs; returns those still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in pids if running(p)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
+
+
+# multiprocessing's helpers, which live as long as the process that started them
+# (one fork server for start_method="forkserver", one resource tracker for
+# forkserver and spawn); they are not shmvec's and stay after close().
+MP_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def is_mp_helper(pid: int) -> bool:
+    return any(h in cmdline(pid) for h in MP_HELPERS)
+
+
+def open_fds() -> dict[int, str]:
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the fd listdir itself used
+            pass
+    return out
+
+
+def arena_mappings() -> list[str]:
+    """Lines of /proc/self/maps that map a shmvec arena (or any memfd)."""
+    with open("/proc/self/maps") as f:
+        return [line.strip() for line in f if "shmvec-arena" in line or "/memfd:" in line]
+
+
+def dev_shm() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+def worker_pids(envs) -> set[int]:
+    """Pids of the processes that step `envs` (FaultEnv only), not the caller."""
+    return set(envs.call("pid")) - {os.getpid()}

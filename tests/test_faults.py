@@ -1,0 +1,731 @@
+"""Faults: envs that raise, workers that exit or get killed, envs that hang,
+a front end that gets SIGKILLed or interrupted, and nothing left behind
+after close() (processes, fds, mappings, /dev/shm)."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import traceback
+
+import numpy as np
+import pytest
+from fault_envs import (
+    EXIT,
+    GATE,
+    HANG,
+    KILL,
+    RAISE,
+    Boom,
+    FaultEnv,
+    actions_for,
+    arena_mappings,
+    children,
+    cmdline,
+    descendants,
+    dev_shm,
+    failing_factory,
+    is_mp_helper,
+    open_fds,
+    running,
+    wait_gone,
+    worker_pids,
+)
+from gymnasium.error import ClosedEnvironmentError
+
+import shmvec
+from shmvec.errors import RemoteTraceback
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# (num_workers, caller_steps) for 4 envs: worker slices 0..1 and 2..3, or the
+# caller steps envs 0..1 and one worker envs 2..3.
+LAYOUTS = [(2, False), (1, True)]
+LAYOUT_IDS = ["2workers", "caller+1worker"]
+
+
+def make_envs(num_envs=4, num_workers=2, caller_steps=False, gate=None, **kwargs):
+    kwargs.setdefault("start_method", "fork")
+    fns = [functools.partial(FaultEnv, gate=gate)] * num_envs
+    return shmvec.ShmVecEnv(fns, num_workers=num_workers, caller_steps=caller_steps, **kwargs)
+
+
+@pytest.fixture
+def closing():
+    made = []
+    yield made.append
+    for envs in made:
+        envs.close(terminate=True)
+
+
+def caller_rows(envs) -> range:
+    """The rows the calling process steps itself (none without caller_steps)."""
+    pids = envs.call("pid")
+    return range(sum(1 for p in pids if p == os.getpid()))
+
+
+def check_remote_traceback(exc: BaseException, row: int, frame: str) -> None:
+    """A worker's exception: its traceback text is the __cause__, names the env."""
+    cause = exc.__cause__
+    assert isinstance(cause, RemoteTraceback), f"__cause__ is {cause!r}, not a RemoteTraceback"
+    text = str(cause)
+    assert f"shmvec env {row})" in text, f"the worker traceback does not name env {row}:\n{text}"
+    assert "fault_envs.py" in text and frame in text, f"the env's own frame is missing:\n{text}"
+    assert "Boom" in text
+
+
+def check_local_traceback(exc: BaseException, frame: str) -> None:
+    """The caller's own slice: the exception carries its real traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    assert any(f.filename.endswith("fault_envs.py") and f.name == frame for f in frames), (
+        f"the env's frame {frame} is missing from the traceback: {frames}")
+
+
+def check_usable_after_error(envs) -> None:
+    """After an env error: stepping needs a reset first; a reset brings every env back."""
+    n = envs.num_envs
+    with pytest.raises(RuntimeError, match="reset"):
+        envs.step(actions_for(n))
+    obs, _ = envs.reset()
+    assert np.array_equal(obs, np.zeros((n, 2), np.float32))
+    obs, rewards, *_ = envs.step(actions_for(n))
+    assert np.array_equal(obs, np.ones((n, 2), np.float32))
+    assert np.array_equal(rewards, np.ones(n))
+
+
+# -- exceptions raised by envs ----------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("row", [0, 1, 2, 3])
+def test_env_raises_in_step(layout, row, closing):
+    envs = make_envs(num_workers=layout[0], caller_steps=layout[1])
+    closing(envs)
+    in_caller = row in caller_rows(envs)
+    envs.reset(seed=0)
+    envs.step(actions_for(4))
+    with pytest.raises(Boom, match="^step failed$") as info:
+        envs.step(actions_for(4, row, RAISE))
+    assert type(info.value) is Boom
+    if in_caller:
+        check_local_traceback(info.value, "step")
+    else:
+        check_remote_traceback(info.value, row, "in step")
+    check_usable_after_error(envs)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_env_raises_in_reset(layout, closing):
+    envs = make_envs(num_workers=layout[0], caller_steps=layout[1])
+    closing(envs)
+    envs.reset()
+    with pytest.raises(Boom, match="^reset failed$") as info:
+        envs.reset(options={"fail": True})
+    if layout[1]:  # env 0, the first to fail, is the caller's
+        check_local_traceback(info.value, "reset")
+    else:
+        check_remote_traceback(info.value, 0, "in reset")
+    check_usable_after_error(envs)
+
+
+def test_env_raises_in_masked_reset_of_a_worker_env(closing):
+    envs = make_envs(num_workers=1, caller_steps=True)
+    closing(envs)
+    envs.reset()
+    mask = np.array([False, False, False, True])
+    with pytest.raises(Boom, match="^reset failed$") as info:
+        envs.reset(options={"fail": True, "reset_mask": mask})
+    check_remote_traceback(info.value, 3, "in reset")
+    check_usable_after_error(envs)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_env_raises_in_call(layout, closing):
+    envs = make_envs(num_workers=layout[0], caller_steps=layout[1])
+    closing(envs)
+    envs.reset()
+    with pytest.raises(Boom, match="^call failed$") as info:
+        envs.call("explode")
+    if layout[1]:
+        check_local_traceback(info.value, "explode")
+    else:
+        check_remote_traceback(info.value, 0, "in explode")
+    # A call that failed changed no env state: stepping goes on.
+    obs, *_ = envs.step(actions_for(4))
+    assert np.array_equal(obs, np.ones((4, 2), np.float32))
+    with pytest.raises(AttributeError):
+        envs.call("no_such_method")
+    assert envs.get_attr("hang_s") == (60.0,) * 4
+
+
+@pytest.mark.parametrize(
+    "layout, bad_row",
+    [((2, False), 0), ((2, False), 3), ((1, True), 1), ((1, True), 3), ((0, True), 2)],
+    ids=["worker0-env0", "worker1-env3", "caller-env1", "worker-env3", "caller-only-env2"],
+)
+def test_env_raises_in_factory(layout, bad_row):
+    before = set(descendants())
+    fds = open_fds()
+    gc.collect()
+    maps = set(arena_mappings())
+    fns = [functools.partial(FaultEnv, fail_factory=(i == bad_row)) for i in range(4)]
+    with pytest.raises(Boom, match="^factory failed$") as info:
+        shmvec.ShmVecEnv(fns, num_workers=layout[0], caller_steps=layout[1], start_method="fork")
+    exc = info.value
+    if isinstance(exc.__cause__, RemoteTraceback):  # raised in a worker
+        text = str(exc.__cause__)
+        assert "in __init__" in text and "fault_envs.py" in text
+        assert f"shmvec env {bad_row})" in text, (
+            f"the factory of env {bad_row} failed, but the error names another env:\n{text[:200]}")
+    else:
+        check_local_traceback(exc, "__init__")
+    assert wait_gone(set(descendants()) - before) == []
+    assert open_fds() == fds
+    assert set(arena_mappings()) <= maps
+
+
+def test_factory_that_is_a_plain_function_raises(closing):
+    fns = [functools.partial(FaultEnv)] * 3 + [failing_factory]
+    with pytest.raises(Boom, match="^factory failed$") as info:
+        shmvec.ShmVecEnv(fns, num_workers=1, caller_steps=False, start_method="fork")
+    assert "failing_factory" in str(info.value.__cause__)
+
+
+# -- workers that die ---------------------------------------------------------------
+
+
+def check_died(exc: shmvec.WorkerDiedError, worker: int, rows: range, how: str) -> None:
+    assert isinstance(exc, RuntimeError)
+    assert exc.worker == worker
+    assert list(exc.env_indices) == list(rows)
+    message = str(exc)
+    assert f"worker {worker}" in message
+    assert f"{rows.start}..{rows.stop - 1}" in message
+    if how == "exit":
+        assert exc.exitcode == 3 and "exit code 3" in message
+    else:
+        assert exc.exitcode == -signal.SIGKILL and "SIGKILL" in message
+
+
+def check_broken_then_close(envs, pids) -> None:
+    """Every later operation raises at once (no hang); close() cleans up."""
+    for op in (lambda: envs.step(actions_for(4)), envs.reset, lambda: envs.call("pid")):
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="died"):
+            op()
+        assert time.monotonic() - start < 5
+    start = time.monotonic()
+    envs.close()
+    assert time.monotonic() - start < 10
+    assert wait_gone(pids) == []
+    envs.close()  # idempotent
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_worker_dies_in_step(how, layout, closing):
+    envs = make_envs(num_workers=layout[0], caller_steps=layout[1])
+    closing(envs)
+    pids = worker_pids(envs)
+    envs.reset()
+    worker = layout[0] - 1  # the last worker steps envs 2..3
+    start = time.monotonic()
+    with pytest.raises(shmvec.WorkerDiedError) as info:
+        envs.step(actions_for(4, 3, EXIT if how == "exit" else KILL))
+    assert time.monotonic() - start < 5
+    check_died(info.value, worker, range(2, 4), how)
+    check_broken_then_close(envs, pids)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_worker_sigkilled_from_outside_while_stepping(layout, tmp_path, closing):
+    gate = str(tmp_path / "gate")
+    envs = make_envs(num_workers=layout[0], caller_steps=layout[1], gate=gate)
+    closing(envs)
+    pids = worker_pids(envs)
+    victim = envs.call("pid")[3]
+    envs.reset()
+    killer = threading.Timer(0.3, os.kill, (victim, signal.SIGKILL))
+    killer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(shmvec.WorkerDiedError) as info:
+            envs.step(actions_for(4, 3, GATE))  # waits for a gate that never opens
+    finally:
+        killer.join()
+    assert time.monotonic() - start < 5
+    check_died(info.value, layout[0] - 1, range(2, 4), "kill")
+    check_broken_then_close(envs, pids)
+
+
+def test_worker_sigkilled_while_idle(closing):
+    envs = make_envs()
+    closing(envs)
+    pids = worker_pids(envs)
+    victim, other = envs.call("pid")[0], envs.call("pid")[2]
+    envs.reset()
+    os.kill(victim, signal.SIGKILL)
+    assert wait_gone([victim]) == []
+    assert running(other)
+    start = time.monotonic()
+    with pytest.raises(shmvec.WorkerDiedError) as info:
+        envs.step(actions_for(4))
+    assert time.monotonic() - start < 5
+    check_died(info.value, 0, range(2), "kill")
+    check_broken_then_close(envs, pids)
+
+
+def test_worker_exits_in_call(closing):
+    envs = make_envs()
+    closing(envs)
+    pids = worker_pids(envs)
+    with pytest.raises(shmvec.WorkerDiedError) as info:
+        envs.call("exit_now")
+    assert info.value.exitcode == 3
+    check_broken_then_close(envs, pids)
+
+
+# -- hung envs and timeouts ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_hung_env_times_out_and_close_terminate_is_prompt(layout, closing):
+    envs = make_envs(num_workers=layout[0], caller_steps=layout[1], timeout=0.5)
+    closing(envs)
+    pids = worker_pids(envs)
+    envs.reset()
+    envs.step(actions_for(4))  # a normal step is well within the timeout
+    start = time.monotonic()
+    with pytest.raises(TimeoutError) as info:
+        envs.step(actions_for(4, 3, HANG))  # time.sleep(60)
+    elapsed = time.monotonic() - start
+    assert type(info.value) is TimeoutError  # the builtin one
+    assert 0.4 < elapsed < 5, elapsed
+    # The vector env is broken, and says so at once, without waiting again.
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out"):
+        envs.step(actions_for(4))
+    assert time.monotonic() - start < 1
+    start = time.monotonic()
+    envs.close(terminate=True)
+    elapsed = time.monotonic() - start
+    assert wait_gone(pids) == []
+    assert elapsed < 3, f"close(terminate=True) took {elapsed:.1f} s to kill a hung worker"
+
+
+def test_hung_call_times_out(closing):
+    envs = make_envs(num_workers=1, caller_steps=False, timeout=0.5)
+    closing(envs)
+    pids = worker_pids(envs)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        envs.call("hang")
+    assert 0.4 < time.monotonic() - start < 5
+    with pytest.raises(RuntimeError, match="timed out"):
+        envs.reset()
+    start = time.monotonic()
+    envs.close(terminate=True)
+    assert time.monotonic() - start < 3
+    assert wait_gone(pids) == []
+
+
+def test_hung_env_plain_close_does_not_hang(closing):
+    envs = make_envs(timeout=0.5)
+    closing(envs)
+    pids = worker_pids(envs)
+    envs.reset()
+    with pytest.raises(TimeoutError):
+        envs.step(actions_for(4, 0, HANG))
+    # Plain close() gives workers a grace period to finish, then kills them.
+    start = time.monotonic()
+    envs.close()
+    elapsed = time.monotonic() - start
+    assert elapsed < 15, f"close() took {elapsed:.1f} s"
+    assert wait_gone(pids) == []
+
+
+def test_hung_factory_times_out():
+    before = set(descendants())
+    fns = [functools.partial(FaultEnv)] * 2 + [lambda: time.sleep(60)]
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        shmvec.ShmVecEnv(fns, num_workers=1, caller_steps=True, start_method="fork", timeout=0.5)
+    elapsed = time.monotonic() - start
+    assert wait_gone(set(descendants()) - before) == []
+    assert elapsed < 3, f"a hung factory with timeout=0.5 took {elapsed:.1f} s to fail"
+
+
+# -- the front end killed or interrupted --------------------------------------------
+
+PARENT_SCRIPT = textwrap.dedent("""
+    import functools, sys, time
+    import numpy as np
+    import shmvec
+    from fault_envs import FaultEnv
+
+    if __name__ == "__main__":
+        envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False,
+                                start_method=sys.argv[1])
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, dtype=np.int64))
+        print(*sorted(set(envs.call("pid"))), flush=True)
+        time.sleep(120)
+""")
+
+
+def script_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = TESTS_DIR + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_workers_exit_when_front_end_is_sigkilled(start_method, tmp_path):
+    script = tmp_path / "front.py"
+    script.write_text(PARENT_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), start_method], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=script_env())
+    try:
+        line = proc.stdout.readline()
+        assert line.strip(), f"the script failed: {proc.stderr.read() if proc.poll() is not None else ''}"
+        workers = [int(p) for p in line.split()]
+        assert len(workers) == 2 and proc.pid not in workers
+        # Everything the front end started: workers, and under forkserver/spawn
+        # multiprocessing's fork server and resource tracker.
+        family = descendants(proc.pid)
+        assert set(workers) <= set(family)
+        proc.kill()
+        proc.wait(timeout=10)
+        left = wait_gone(family, timeout=5)
+        assert left == [], f"still running 5 s after the front end died: {[(p, cmdline(p)) for p in left]}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_sigint_interrupts_a_slow_step_promptly(layout, tmp_path, closing):
+    gate = tmp_path / "gate"
+    envs = make_envs(num_workers=layout[0], caller_steps=layout[1], gate=str(gate))
+    closing(envs)
+    pids = worker_pids(envs)
+    envs.reset()
+    for pid in pids:  # workers ignore SIGINT (a terminal's Ctrl-C reaches the whole group)
+        os.kill(pid, signal.SIGINT)
+    interrupter = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    interrupter.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(actions_for(4, 3, GATE))  # env 3 (a worker's) waits for the gate
+    finally:
+        interrupter.join()
+    assert time.monotonic() - start < 3
+    assert all(running(p) for p in pids)
+    # Still usable: the interrupted step finishes in the worker, the next one works.
+    gate.touch()
+    obs, rewards, *_ = envs.step(actions_for(4))
+    assert np.array_equal(obs, np.full((4, 2), 2, np.float32))
+    assert np.array_equal(rewards, np.ones(4))
+    envs.reset()
+    assert all(running(p) for p in pids)
+    envs.close()
+    assert wait_gone(pids) == []
+
+
+def test_sigint_then_close_does_not_hang(tmp_path, closing):
+    """Ctrl-C because an env hangs, then close() (a `finally:` or `with`
+    block): close must not wait for the hung env forever."""
+    envs = make_envs(gate=str(tmp_path / "never"))
+    closing(envs)
+    pids = worker_pids(envs)
+    envs.reset()
+    interrupter = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    interrupter.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(actions_for(4, 3, GATE))  # waits up to 60 s for a gate that never opens
+    finally:
+        interrupter.join()
+    # close() may give the hung worker a grace period, but must not wait 60 s.
+    result = {}
+
+    def close():
+        start = time.monotonic()
+        envs.close()
+        result["elapsed"] = time.monotonic() - start
+
+    closer = threading.Thread(target=close, daemon=True)
+    closer.start()
+    closer.join(timeout=12)
+    hung = closer.is_alive()
+    if hung:  # let the worker finish so that the thread and the test end
+        (tmp_path / "never").touch()
+        closer.join(timeout=30)
+    assert not hung, "close() after a KeyboardInterrupt waited for the hung env"
+    assert wait_gone(pids) == []
+
+
+def test_sigint_during_the_callers_own_slice(tmp_path, closing):
+    """Ctrl-C while the caller steps its own envs: the batch is half done, so
+    the next step must not silently return it as if nothing happened."""
+    gate = tmp_path / "gate"
+    envs = make_envs(num_workers=1, caller_steps=True, gate=str(gate))
+    closing(envs)
+    assert list(caller_rows(envs)) == [0, 1]
+    envs.reset()
+    interrupter = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    interrupter.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(actions_for(4, 0, GATE))  # env 0 is stepped by the caller
+    finally:
+        interrupter.join()
+    assert time.monotonic() - start < 3
+    gate.touch()
+    try:
+        obs = envs.step(actions_for(4))[0]
+    except RuntimeError as exc:  # acceptable: a reset is required, as after an env error
+        assert "reset" in str(exc)
+    else:
+        steps = obs[:, 0].tolist()
+        assert len(set(steps)) == 1, f"steps taken per env after the interrupted batch: {steps}"
+    obs, _ = envs.reset()
+    assert np.array_equal(obs, np.zeros((4, 2), np.float32))
+    obs = envs.step(actions_for(4))[0]
+    assert np.array_equal(obs, np.ones((4, 2), np.float32))
+
+
+CTRL_C_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import shmvec
+    from fault_envs import GATE, FaultEnv, actions_for
+    import functools
+
+    if __name__ == "__main__":
+        gate = sys.argv[2]
+        envs = shmvec.ShmVecEnv([functools.partial(FaultEnv, gate=gate)] * 4, num_workers=2,
+                                caller_steps=False, start_method=sys.argv[1])
+        envs.reset()
+        pids = sorted(set(envs.call("pid")))
+        print("stepping", *pids, flush=True)
+        start = time.monotonic()
+        try:
+            envs.step(actions_for(4, 1, GATE))
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", time.monotonic() - start, flush=True)
+        for p in pids:
+            os.kill(p, 0)  # raises if a worker is gone
+        open(gate, "w").close()
+        obs = envs.step(actions_for(4))[0]
+        print("stepped", *obs[:, 0].tolist(), flush=True)
+        envs.close()
+        print("closed", flush=True)
+""")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_ctrl_c_to_the_process_group(start_method, tmp_path):
+    """As a terminal's Ctrl-C: SIGINT to the front end, its workers and
+    multiprocessing's helpers at once."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), start_method, str(tmp_path / "gate")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=script_env(), start_new_session=True)
+    try:
+        first = proc.stdout.readline().split()
+        assert first and first[0] == "stepping", proc.stderr.read() if proc.poll() is not None else first
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = out.splitlines()
+    assert proc.returncode == 0, (out, err)
+    assert lines[0].startswith("interrupted"), (out, err)
+    assert float(lines[0].split()[1]) < 3
+    assert lines[1] == "stepped 2.0 2.0 2.0 2.0"
+    assert lines[2] == "closed"
+
+
+# -- close() and what it leaves behind -----------------------------------------------
+
+
+def test_closed_env_refuses_everything(closing):
+    envs = make_envs(num_workers=1, caller_steps=True)
+    envs.reset()
+    envs.close()
+    envs.close()  # idempotent
+    assert envs.closed
+    for op in (lambda: envs.step(actions_for(4)), envs.reset, lambda: envs.call("pid"),
+               lambda: envs.get_attr("t"), lambda: envs.set_attr("t", 1), envs.render):
+        with pytest.raises(ClosedEnvironmentError):
+            op()
+    envs.close(terminate=True)
+
+
+def test_close_releases_the_arena_while_the_object_lives():
+    """close() unmaps the arena, even if the (closed) vector env object is
+    still referenced, e.g. by a trainer that keeps it as an attribute."""
+    gc.collect()
+    maps = set(arena_mappings())
+    envs = make_envs(num_workers=1, caller_steps=True)
+    obs, _ = envs.reset()  # a copy: it does not keep the arena mapped
+    envs.step(actions_for(4))
+    assert set(arena_mappings()) - maps
+    envs.close()
+    left = set(arena_mappings()) - maps
+    assert not left, f"the arena is still mapped after close(): {left}"
+    assert obs.shape == (4, 2)
+
+
+def check_dev_shm_unused(before: set[str], pids=()) -> None:
+    """/dev/shm is shared with every process on the machine, so new entries
+    there may be anyone's: ours would carry shmvec's name or be open or
+    mapped by this process (or `pids`)."""
+    assert not {name for name in dev_shm() - before if "shmvec" in name}
+    for pid in (os.getpid(), *pids):
+        with open(f"/proc/{pid}/maps") as f:
+            assert not [line for line in f if "/dev/shm/" in line]
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                assert not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/")
+            except FileNotFoundError:
+                pass
+
+
+def test_arena_is_a_memfd_not_a_dev_shm_file(closing):
+    before = dev_shm()
+    envs = make_envs(num_workers=1, caller_steps=True)
+    closing(envs)
+    pids = worker_pids(envs)
+    envs.reset()
+    for pid in (os.getpid(), *pids):
+        with open(f"/proc/{pid}/maps") as f:
+            assert any("memfd:shmvec-arena" in line for line in f), f"no arena mapped in {pid}"
+    check_dev_shm_unused(before, pids)
+
+
+def _cycle(k: int, start_method: str) -> None:
+    """One create/use/close cycle; odd cycles also break something first."""
+    configs = [(2, False), (1, True), (0, True), (1, False)]
+    num_workers, caller_steps = configs[k % len(configs)]
+    envs = make_envs(num_workers=num_workers, caller_steps=caller_steps, start_method=start_method)
+    envs.reset(seed=k)
+    envs.step(actions_for(4))
+    if k % 5 == 1:
+        with pytest.raises(Boom):
+            envs.step(actions_for(4, 3, RAISE))
+    elif k % 5 == 3 and num_workers:
+        with pytest.raises(shmvec.WorkerDiedError):
+            envs.step(actions_for(4, 3, KILL))
+    envs.close()
+
+
+def check_no_leaks(cycles: int, start_method: str) -> None:
+    _cycle(0, start_method)  # warm up: the fork server and resource tracker start once
+    before_procs = set(descendants())
+    before_fds = open_fds()
+    before_shm = dev_shm()
+    gc.collect()
+    before_maps = arena_mappings()
+    for k in range(cycles):
+        _cycle(k, start_method)
+    # No worker left: only what was there before, plus multiprocessing's own
+    # fork server / resource tracker (children of ours, never their children).
+    extra = set(descendants()) - before_procs
+    extra = {p for p in extra if not (is_mp_helper(p) and p in children())}
+    assert wait_gone(extra, 5) == [], [(p, cmdline(p)) for p in extra if running(p)]
+    assert all(is_mp_helper(p) for p in children() if running(p) and p not in before_procs)
+    assert open_fds() == before_fds
+    check_dev_shm_unused(before_shm)
+    # Closed envs that pytest.raises tracebacks still reference go with the
+    # garbage; whether close() itself unmaps is test_close_releases_the_arena...
+    gc.collect()
+    assert set(arena_mappings()) <= set(before_maps)
+
+
+def test_create_close_cycles_leak_nothing_fork():
+    check_no_leaks(20, "fork")
+
+
+def test_create_close_cycles_leak_nothing_forkserver():
+    check_no_leaks(20, "forkserver")
+    # The fork server's own children (our workers) are all gone.
+    for helper in children():
+        if "multiprocessing.forkserver" in cmdline(helper):
+            assert wait_gone(children(helper), 5) == []
+
+
+@pytest.mark.slow
+def test_create_close_cycles_leak_nothing_spawn():
+    check_no_leaks(20, "spawn")
+
+
+# -- vector envs nobody closed ----------------------------------------------------------
+
+
+def test_unclosed_env_dropped_releases_workers_and_fds():
+    """A vector env that is garbage-collected without close() lets its
+    workers go at once and leaves no fd behind."""
+    gc.collect()
+    fds = open_fds()
+    envs = make_envs(num_workers=1, caller_steps=True)
+    pids = worker_pids(envs)
+    envs.reset()
+    start = time.monotonic()
+    del envs
+    gc.collect()
+    elapsed = time.monotonic() - start
+    assert wait_gone(pids) == []
+    assert elapsed < 3, f"dropping an unclosed vector env blocked for {elapsed:.1f} s"
+    assert open_fds() == fds
+
+
+EXIT_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import shmvec
+    from fault_envs import FaultEnv
+
+    if __name__ == "__main__":
+        envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False,
+                                start_method=sys.argv[1])
+        envs.reset()
+        envs.step(np.zeros(4, dtype=np.int64))
+        print(*sorted(set(envs.call("pid"))), flush=True)
+        # exits without close()
+""")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_interpreter_exit_without_close_is_prompt(start_method, tmp_path):
+    script = tmp_path / "no_close.py"
+    script.write_text(EXIT_SCRIPT)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script), start_method], check=False, cwd=tmp_path, capture_output=True,
+                          text=True, env=script_env(), timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # quietly
+    workers = [int(p) for p in proc.stdout.split()]
+    assert len(workers) == 2
+    assert wait_gone(workers) == []
+    assert elapsed < 5, f"the interpreter took {elapsed:.1f} s to exit with an unclosed vector env"
