@@ -1,0 +1,76 @@
+"""Fixtures of the suites and, at the end of the session, every figure and
+each goal of the issues as a ratio measured in this run (reported, never
+asserted: a loaded machine must not fail a build)."""
+
+from __future__ import annotations
+
+import pytest
+from benchlib import RESULTS
+
+from shmvec.peers import PEERS, build
+
+# (case, numerator, denominator, goal): numerator / denominator should reach
+# the goal. Steps/s are better higher; PSS and start-up seconds lower, so
+# their ratios put the peer on top. "limit" is usable CPUs x one env's steps/s.
+GOALS = [
+    ("cartpole-64", "shmvec", "limit", 0.85),
+    ("cartpole-64", "shmvec", "sync", 1.7),
+    ("cartpole-64", "shmvec", "async", 15),
+    ("noop-64", "shmvec", "sync", 2),
+    ("noop-2", "shmvec", "sync", 0.5),
+    ("image-16", "shmvec", "sync", 1),
+    ("image-16", "shmvec", "async", 5),
+    ("memory-64-fork", "async", "shmvec", 5),
+    ("memory-64-forkserver", "async", "shmvec", 5),
+    ("startup-64-fork", "async", "shmvec", 5),
+    ("startup-64-forkserver", "async", "shmvec", 5),
+]
+
+FORMATS = {"steps_per_s": "{:,.0f} steps/s", "seconds": "{:.3f} s", "pss_mib": "{:,.0f} MiB PSS"}
+
+
+@pytest.fixture
+def vector_env():
+    """Builds vector envs (skipping peers that cannot run here) and closes
+    them after the test."""
+    built = []
+
+    def make(peer: str, spec: str, num_envs: int, **kwargs):
+        reason = PEERS[peer].unavailable(spec)
+        if reason:
+            pytest.skip(reason)
+        cap = PEERS[peer].max_envs
+        if cap and num_envs > cap:
+            pytest.skip(f"{peer} starts a process per env: capped at {cap} envs")
+        built.append(build(peer, spec, num_envs, **kwargs))
+        return built[-1]
+
+    yield make
+    for envs in built:
+        envs.close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not RESULTS:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("shmvec figures")
+    for case in sorted({case for case, _ in RESULTS}):
+        write(f"{case}:")
+        for (c, who), (value, unit) in RESULTS.items():
+            if c == case:
+                write(f"    {who:<28} {FORMATS[unit].format(value):>20}")
+    sampling = {who: value for (case, who), (value, _) in RESULTS.items() if case.startswith("sampling")}
+    if sampling:
+        write(f"fastest split of the CPUs with a policy in the loop: {max(sampling, key=sampling.get)}")
+    terminalreporter.section("shmvec goals (ratios in this run)")
+    missing = []
+    for case, top, bottom, goal in GOALS:
+        if (case, top) not in RESULTS or (case, bottom) not in RESULTS:
+            missing.append(case)
+            continue
+        ratio = RESULTS[case, top][0] / RESULTS[case, bottom][0]
+        verdict = "met" if ratio >= goal else "MISSED"
+        write(f"{case:<22} {top} / {bottom:<7} {ratio:8.2f}   goal >= {goal:<5} {verdict}")
+    if missing:
+        write(f"not measured in this run: {', '.join(dict.fromkeys(missing))}")

@@ -1,0 +1,97 @@
+"""Smoke tests of `shmvec bench`: tiny runs, the JSON they write, and how
+bad input and missing peers are reported."""
+
+import dataclasses
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from shmvec import cli
+from shmvec.peers import PEERS
+from shmvec.testing import NoopEnv
+
+FAST = ["--seconds", "0.05"]
+
+
+class FailingEnv(NoopEnv):
+    """Imported by name in the benchmark's own processes."""
+
+    def step(self, action):
+        raise RuntimeError("this env cannot step")
+
+
+@pytest.fixture(autouse=True)
+def restore_sys_path(monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the current folder
+
+
+def bench(*args: str) -> int:
+    return cli.main(["bench", *args])
+
+
+def test_module_callable_json_table_and_plot(tmp_path, capsys):
+    out, plot = tmp_path / "out.json", tmp_path / "out.png"
+    code = bench("shmvec.testing:NoopEnv", "--num-envs", "2,3", "--backends", "shmvec,sync",
+                 "--workers", "1", "--json", str(out), "--plot", str(plot), *FAST)
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["envs"] == ["shmvec.testing:NoopEnv"]
+    assert report["usable_cpus"] >= 1
+    assert report["machine_limit"]["shmvec.testing:NoopEnv"] > 0
+    runs = {(r["backend"], r["num_envs"]): r for r in report["results"]}
+    assert set(runs) == {("shmvec", 2), ("shmvec", 3), ("sync", 2), ("sync", 3)}
+    for r in runs.values():
+        assert r["steps_per_s"] > 0 and r["peak_rss_mib"] > 0 and r["of_limit"] > 0
+    assert runs["sync", 2]["vs_sync"] == pytest.approx(1.0)
+    table = capsys.readouterr().out
+    assert "steps/s" in table and "shmvec" in table and "sync" in table
+    if importlib.util.find_spec("matplotlib"):
+        assert plot.read_bytes().startswith(b"\x89PNG")
+    else:
+        assert "matplotlib is not installed" in capsys.readouterr().err
+
+
+def test_missing_and_capped_peers_are_skipped_with_a_note(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(PEERS, "dummy", dataclasses.replace(PEERS["dummy"], requires="shmvec_no_such_module"))
+    out = tmp_path / "out.json"
+    code = bench("shmvec.testing:NoopEnv", "--num-envs", "1,129", "--backends", "sync,dummy,async",
+                 "--json", str(out), *FAST)
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "note: skipping dummy: shmvec_no_such_module is not installed" in err
+    assert "note: skipping async at 129 envs" in err
+    runs = {(r["backend"], r["num_envs"]) for r in json.loads(out.read_text())["results"]}
+    assert runs == {("sync", 1), ("sync", 129), ("async", 1)}
+
+
+def test_an_env_that_fails_is_a_note_not_a_crash(capsys):
+    assert bench("test_bench_cli:FailingEnv", "--num-envs", "1", "--backends", "sync", *FAST) == 1
+    err = capsys.readouterr().err
+    assert "one env in a plain loop failed: RuntimeError: this env cannot step" in err
+    assert "nothing could be measured" in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--backends", "shmvec,nope"], "unknown backend 'nope'; choose from shmvec, sync, async"),
+    (["NoSuchEnv-v0"], "'NoSuchEnv-v0' is not a registered gymnasium env id"),
+    (["shmvec.testing:NoSuchEnv"], "shmvec.testing has no callable 'NoSuchEnv' and registers no env id"),
+    (["shmvec_no_such_module:Env"], "cannot import 'shmvec_no_such_module'"),
+    (["--num-envs", "8,x"], "expected positive integers separated by commas"),
+    (["--seconds", "0"], "must be positive"),
+])
+def test_bad_arguments_are_clear_errors(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench(*args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point(tmp_path):
+    # Away from the source tree, which `python -m` would import instead of the installed package.
+    done = subprocess.run([sys.executable, "-m", "shmvec.bench", "--help"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 0
+    assert "--num-envs" in done.stdout and "module:callable" in done.stdout
