@@ -41,16 +41,19 @@ struct alignas(kLine) ArenaHeader {
 struct alignas(kLine) WorkerControl {
   Word cmd_seq;          // written by the front end only: the doorbell (a command or async work)
   Word worker_sleeping;  // written by the worker only: 1 while it sleeps on cmd_seq
-  Word done_seq;         // written by the worker only: the command it last finished
-  // The command; plain fields, published by the release store of cmd_seq.
+  Word done_id;          // written by the worker only: id of the command it last completed
+  // The command; plain fields, published by the release store of `id`.
   struct alignas(kLine) {
     uint32_t code;
     uint32_t arg;
     uint64_t request_len;
     int64_t posted_ns;  // when it was posted: lets the worker learn the front end's pace
-    uint32_t id;        // changes with every command (the doorbell also rings for async work)
+    // Changes with every command (the doorbell also rings for async work).
+    // Stored last, with release: a worker that acquires a new id sees the
+    // fields above as the front end wrote them.
+    std::atomic<uint32_t> id;
   } command;
-  // The result; plain fields, published by the release store of done_seq.
+  // The result; plain fields, published by the release store of done_id.
   struct alignas(kLine) {
     int32_t status;
     uint32_t reserved;

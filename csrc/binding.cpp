@@ -92,6 +92,7 @@ class PyFrontChannel {
     return checked(status);
   }
   bool busy() const { return channel_.busy(); }
+  bool abandon(uint32_t w) { return channel_.abandon(w); }
   py::tuple result(uint32_t w) const {
     if (w >= all_.size()) throw py::index_error("worker index out of range");
     const auto& r = channel_.control_of(w).result;
@@ -189,14 +190,16 @@ class PyWorkerChannel {
   // steps become the env's record (encode_error(exc, row) -> bytes).
   py::tuple serve(Stepper& stepper, py::object dumps, py::object encode_error, py::dict overflow) {
     for (;;) {
-      bool alive;
-      {
-        py::gil_scoped_release nogil;
-        alive = channel_.wait_doorbell();
-      }
-      if (!alive) return py::make_tuple(0, 0, 0, py::none());
       if (channel_.has_async()) step_async(stepper, dumps, encode_error, overflow);
-      if (!channel_.take_command()) continue;  // the ring was for async work only
+      if (!channel_.take_command()) {  // nothing new, or the ring was for async work only
+        bool alive;
+        {
+          py::gil_scoped_release nogil;
+          alive = channel_.wait_doorbell();
+        }
+        if (!alive) return py::make_tuple(0, 0, 0, py::none());
+        continue;
+      }
       const auto& c = channel_.control_of().command;
       if (c.code != kStepCommand || c.request_len != 0)
         return py::make_tuple(c.code, c.arg, c.request_len, py::none());
@@ -215,15 +218,15 @@ class PyWorkerChannel {
 
  private:
   bool next_command() {
-    for (;;) {
+    while (!channel_.take_command()) {
       bool alive;
       {
         py::gil_scoped_release nogil;
         alive = channel_.wait_doorbell();
       }
       if (!alive) return false;
-      if (channel_.take_command()) return true;
     }
+    return true;
   }
 
   void step_async(Stepper& stepper, py::object& dumps, py::object& encode_error, py::dict& overflow) {
@@ -310,6 +313,7 @@ PYBIND11_MODULE(_core, m) {
       .def("post_step_all", &PyFrontChannel::post_step_all)
       .def("wait", &PyFrontChannel::wait, py::arg("sentinels"), py::arg("timeout") = -1.0)
       .def_property_readonly("busy", &PyFrontChannel::busy)
+      .def("abandon", &PyFrontChannel::abandon, py::arg("worker"))
       .def("result", &PyFrontChannel::result)
       .def("workers_with_replies", &PyFrontChannel::workers_with_replies)
       .def("attach_async", &PyFrontChannel::attach_async, py::arg("data"), py::arg("offset"),

@@ -66,7 +66,7 @@ FrontChannel::FrontChannel(char* base, FixedLayout layout, bool initialize)
   }
   for (uint32_t w = 0; w < layout.num_workers; ++w) {
     seq_[w] = control(w)->cmd_seq.value.load(std::memory_order_relaxed);
-    next_id_ = std::max(next_id_, control(w)->command.id);
+    last_id_ = std::max(last_id_, control(w)->command.id.load(std::memory_order_relaxed));
   }
 }
 
@@ -80,6 +80,7 @@ void FrontChannel::post(const std::vector<uint32_t>& workers, uint32_t code, uin
   if (!request_lens.empty() && request_lens.size() != workers.size())
     throw std::invalid_argument("one request length per worker");
   if (busy()) throw std::logic_error("post() while workers are still busy with a command");
+  // `pending` is only the word the front end sleeps on; done_id says who is done.
   for (uint32_t w : workers)
     if (w >= seq_.size()) throw std::out_of_range("worker index out of range");
   // Relaxed is enough: the seq_cst store of each doorbell below releases it,
@@ -87,7 +88,7 @@ void FrontChannel::post(const std::vector<uint32_t>& workers, uint32_t code, uin
   header()->pending.value.store(static_cast<uint32_t>(workers.size()), std::memory_order_relaxed);
   std::fill(posted_.begin(), posted_.end(), 0);
   const int64_t now = platform::now_ns();
-  const uint32_t id = ++next_id_;
+  const uint32_t id = ++last_id_;
   for (size_t i = 0; i < workers.size(); ++i) {
     WorkerControl* c = control(workers[i]);
     posted_[workers[i]] = 1;
@@ -95,14 +96,30 @@ void FrontChannel::post(const std::vector<uint32_t>& workers, uint32_t code, uin
     c->command.arg = arg;
     c->command.request_len = request_lens.empty() ? 0 : request_lens[i];
     c->command.posted_ns = now;
-    c->command.id = id;
+    c->command.id.store(id, std::memory_order_release);
     ring(workers[i]);
   }
 }
 
-bool FrontChannel::busy() const {
-  return header()->pending.value.load(std::memory_order_acquire) != 0;
+bool FrontChannel::done(uint32_t w) const {
+  // Acquire pairs with the worker's release of done_id: its result is visible.
+  return control(w)->done_id.value.load(std::memory_order_acquire) == last_id_;
 }
+
+bool FrontChannel::all_done() const {
+  for (uint32_t w = 0; w < seq_.size(); ++w)
+    if (posted_[w] && !done(w)) return false;
+  return true;
+}
+
+bool FrontChannel::abandon(uint32_t w) {
+  if (w >= seq_.size()) throw std::out_of_range("worker index out of range");
+  const bool was_busy = posted_[w] && !done(w);
+  posted_[w] = 0;
+  return was_busy;
+}
+
+bool FrontChannel::busy() const { return !all_done(); }
 
 int FrontChannel::dead_worker(const std::vector<int>& sentinels, bool only_busy) const {
   for (uint32_t w = 0; w < seq_.size(); ++w) {
@@ -125,7 +142,12 @@ int FrontChannel::wait(const std::vector<int>& sentinels, double timeout_s,
     if (platform::now_ns() >= deadline) return status = kTimedOut, false;
     return true;
   };
-  wait_until(h->pending.value, h->front_sleeping.value, [](uint32_t v) { return v == 0; },
+  // Ready when every posted worker has published done_id = this command (the truth);
+  // `pending` is the word to sleep on: the last worker to count it down to 0
+  // wakes us. (After a worker died and was abandoned it never reaches 0, and
+  // the next slice notices instead.) The predicate reads done_id after the
+  // seq_cst load of `pending`, which is enough for the wake-up argument.
+  wait_until(h->pending.value, h->front_sleeping.value, [this](uint32_t) { return all_done(); },
              spin_.budget_ns(), kFrontSliceNs, on_slice);
   if (status == kReady) {
     // Learn how long the workers really took after we started waiting (their
@@ -237,10 +259,11 @@ std::vector<uint32_t> FrontChannel::pop_finished(uint32_t count) {
 WorkerChannel::WorkerChannel(char* base, FixedLayout layout, uint32_t worker, int parent_fd)
     : base_(base), layout_(layout), worker_(worker), parent_fd_(parent_fd), spin_(5'000, 50'000) {
   if (worker >= layout.num_workers) throw std::invalid_argument("bad worker index");
-  // The front end may have rung before we got here: everything since the
-  // last completed command in this slot is new to us.
-  seen_ = control()->done_seq.value.load(std::memory_order_acquire);
-  handled_id_ = 0;
+  seen_ = control()->cmd_seq.value.load(std::memory_order_acquire);
+  // A command posted before we started (or one a dead predecessor in this
+  // slot never completed) is new to us; completed ones are not.
+  handled_id_ = control()->done_id.value.load(std::memory_order_acquire);
+  current_id_ = handled_id_;
 }
 
 bool WorkerChannel::wait_doorbell() {
@@ -259,9 +282,9 @@ bool WorkerChannel::wait_doorbell() {
 }
 
 bool WorkerChannel::take_command() {
-  const uint32_t id = control()->command.id;
+  const uint32_t id = control()->command.id.load(std::memory_order_acquire);
   if (id == handled_id_) return false;
-  handled_id_ = id;
+  handled_id_ = current_id_ = id;
   return true;
 }
 
@@ -271,7 +294,7 @@ void WorkerChannel::complete(int32_t status, uint64_t reply_len, uint64_t reply_
   c->result.reply_len = reply_len;
   c->result.reply_total = reply_total;
   c->result.done_ns = platform::now_ns();
-  c->done_seq.value.store(seen_, std::memory_order_release);
+  c->done_id.value.store(current_id_, std::memory_order_release);
   ArenaHeader* h = layout_.header(base_);
   // seq_cst pairs with the front end's (store front_sleeping, load pending).
   if (h->pending.value.fetch_sub(1, std::memory_order_seq_cst) == 1 &&

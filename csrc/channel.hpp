@@ -100,6 +100,11 @@ class FrontChannel {
   // Waits until every posted worker has completed. Returns a WaitStatus.
   int wait(const std::vector<int>& sentinels, double timeout_s, const Interrupted& interrupted);
   bool busy() const;
+  // Gives up on a dead worker's part of the current command: counts down
+  // `pending` for it (it never will), so the others can still be waited for.
+  // Returns whether it was still busy.
+  bool abandon(uint32_t w);
+  bool done(uint32_t w) const;
   const WorkerControl& control_of(uint32_t w) const { return *control(w); }
   std::vector<uint32_t> workers_with_replies() const;
   void set_spin_limits(int64_t min_ns, int64_t max_ns) { spin_.set_limits(min_ns, max_ns); }
@@ -121,6 +126,7 @@ class FrontChannel {
   ArenaHeader* header() const { return layout_.header(base_); }
   WorkerControl* control(uint32_t w) const { return layout_.control(base_, w); }
   void ring(uint32_t w);
+  bool all_done() const;
   // 1 + the first busy worker whose sentinel says it died, else 0.
   int dead_worker(const std::vector<int>& sentinels, bool only_busy) const;
 
@@ -129,7 +135,7 @@ class FrontChannel {
   AdaptiveSpin spin_;
   std::vector<uint32_t> seq_;    // doorbell value last rung for each worker
   std::vector<uint8_t> posted_;  // workers given the last command
-  uint32_t next_id_ = 0;
+  uint32_t last_id_ = 0;         // id of the last command posted
   AsyncRegion async_;
   std::vector<uint32_t> owner_;  // worker of each env row
   uint32_t popped_ = 0;          // finished_count value consumed so far
@@ -140,6 +146,8 @@ class WorkerChannel {
   WorkerChannel(char* base, FixedLayout layout, uint32_t worker, int parent_fd);
 
   // Sleeps until the doorbell rings; false when the front end is gone.
+  // Check take_command() (and the todo ring) before sleeping: the front end
+  // may have rung before this worker started.
   bool wait_doorbell();
   // True once per new command (a ring may only mean new async work).
   bool take_command();
@@ -164,6 +172,7 @@ class WorkerChannel {
   AdaptiveSpin spin_;
   uint32_t seen_;        // doorbell value last seen
   uint32_t handled_id_;  // id of the last command taken
+  uint32_t current_id_;  // id of the command being served (stamped on completion)
   AsyncRegion async_;
 };
 

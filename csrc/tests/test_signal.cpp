@@ -54,10 +54,12 @@ Arena make_arena() {
   WorkerChannel ch(a.base, a.fixed, w, parent_fd);
   ch.attach_async(AsyncRegion(a.base + a.async_offset, kEnvs, kWorkers, 64));
   for (;;) {
-    if (!ch.wait_doorbell()) _exit(2);  // parent gone
     uint32_t row;
     while (ch.pop_todo(&row)) ch.push_finished(row);
-    if (!ch.take_command()) continue;
+    if (!ch.take_command()) {
+      if (!ch.wait_doorbell()) _exit(2);  // parent gone
+      continue;
+    }
     const uint32_t code = ch.control_of().command.code;
     ch.complete(static_cast<int32_t>(code), 0, 0);
     if (code == kQuit) _exit(0);
@@ -92,7 +94,9 @@ void test_commands_and_async() {
   for (uint32_t i = 1; i <= kRounds; ++i) {
     const uint32_t code = 10 + i % 50;
     front.post(all, code, 0, {});
-    CHECK(front.wait(sentinels, 10.0, never_interrupted) == kReady);
+    const int status = front.wait(sentinels, 10.0, never_interrupted);
+    if (status != kReady) std::fprintf(stderr, "round %u: wait status %d\n", i, status);
+    CHECK(status == kReady);
     for (uint32_t w = 0; w < kWorkers; ++w) CHECK(front.control_of(w).result.status == static_cast<int32_t>(code));
     // Every few rounds, a batch of async work between commands.
     if (i % 7 == 0) {
