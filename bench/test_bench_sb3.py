@@ -1,0 +1,107 @@
+"""SB3 on CartPole through DummyVecEnv, SubprocVecEnv and shmvec.sb3.ShmVecEnv:
+PPO's wall time per 100k steps (the policy's time between steps included),
+and stepping alone (step_async/step_wait with fixed actions).
+
+Sizes are set by environment variables, so that a smoke run is quick:
+``SHMVEC_BENCH_SB3_PPO_STEPS`` (PPO steps per run, default 100000) and
+``SHMVEC_BENCH_SB3_STEPS`` (env steps per timed round of stepping alone,
+default 100000; ``SHMVEC_BENCH_SB3_ROUNDS`` rounds, default 3).
+
+    SHMVEC_BENCH_SB3_PPO_STEPS=2048 SHMVEC_BENCH_SB3_STEPS=5000 pytest bench/test_bench_sb3.py
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+
+import torch
+from benchlib import record
+from stable_baselines3 import PPO
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+from shmvec.sb3 import ShmVecEnv
+
+PPO_STEPS = int(os.environ.get("SHMVEC_BENCH_SB3_PPO_STEPS", "100000"))
+STEPS = int(os.environ.get("SHMVEC_BENCH_SB3_STEPS", "100000"))
+ROUNDS = int(os.environ.get("SHMVEC_BENCH_SB3_ROUNDS", "3"))
+SIZES = [8, 64]
+
+VEC_ENVS = {
+    "dummy": DummyVecEnv,
+    # fork: 64 processes that each import SB3 and torch would take minutes to start
+    "subproc": functools.partial(SubprocVecEnv, start_method="fork"),
+    "shmvec": ShmVecEnv,
+}
+
+
+def ppo(venv) -> PPO:
+    """PPO with rl-zoo's CartPole settings."""
+    return PPO("MlpPolicy", venv, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+               ent_coef=0.0, learning_rate=1e-3, seed=0, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def torch_ready():
+    """One torch thread (the envs' processes get the other cores, and idle
+    OpenMP threads do not spin against them), and torch's first-use costs
+    paid before any clock starts rather than by whichever run comes first."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    venv = DummyVecEnv([functools.partial(gym.make, "CartPole-v1")] * 8)
+    ppo(venv).learn(2048)
+    venv.close()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def vec_env():
+    built = []
+
+    def make(who: str, num_envs: int):
+        built.append(VEC_ENVS[who]([functools.partial(gym.make, "CartPole-v1")] * num_envs))
+        return built[-1]
+
+    yield make
+    for venv in built:
+        venv.close()
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("who", list(VEC_ENVS))
+@pytest.mark.parametrize("num_envs", SIZES)
+def test_ppo_wall_time(benchmark, torch_ready, vec_env, num_envs, who):
+    """One PPO run; seconds per 100k steps."""
+    model = ppo(vec_env(who, num_envs))
+    benchmark.group = f"sb3-ppo-{num_envs}"
+    benchmark.pedantic(model.learn, args=(PPO_STEPS,), rounds=1, iterations=1)
+    record(benchmark, f"sb3-ppo-{num_envs}", who, benchmark.stats.stats.median * 100_000 / PPO_STEPS, "seconds")
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("who", list(VEC_ENVS))
+@pytest.mark.parametrize("num_envs", SIZES)
+def test_step_alone(benchmark, vec_env, num_envs, who):
+    """step_async/step_wait with fixed actions, made beforehand."""
+    venv = vec_env(who, num_envs)
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(0, 2, num_envs) for _ in range(64)]
+    batches = max(1, STEPS // num_envs)
+
+    def run(count: int) -> None:
+        for k in range(count):
+            venv.step_async(actions[k % len(actions)])
+            venv.step_wait()
+
+    venv.reset()
+    run(max(1, batches // 10))  # warm-up: caches, spin budgets, lazy imports
+    benchmark.group = f"sb3-step-{num_envs}"
+    benchmark.pedantic(run, args=(batches,), rounds=ROUNDS, iterations=1)
+    record(benchmark, f"sb3-step-{num_envs}", who, batches * num_envs / benchmark.stats.stats.median, "steps_per_s")

@@ -1,0 +1,231 @@
+"""The Stable-Baselines3 front end: ``shmvec.sb3.ShmVecEnv``, a drop-in
+``VecEnv`` (in place of ``DummyVecEnv`` or ``SubprocVecEnv``) over the same
+engine as ``shmvec.ShmVecEnv``. Import it explicitly: ``import shmvec`` never
+imports SB3 or torch."""
+
+from __future__ import annotations
+
+import copy
+import operator
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+from shmvec import _sb3_env
+from shmvec.batch_io import BatchIO
+from shmvec.engine import Engine
+from shmvec.env_slice import AUTORESET_CODES
+
+__all__ = ["ShmVecEnv"]
+
+# Options of shmvec.ShmVecEnv that would break SB3's contract, and why.
+_REFUSED = {
+    "autoreset_mode": "SB3 needs same-step autoreset (terminal_observation in the infos), always used here",
+    "copy": "SB3 keeps the previous batch of observations, so they are always fresh arrays",
+    "batch_size": "SB3 steps every env at every step",
+}
+
+
+class ShmVecEnv(VecEnv):
+    """Steps SB3's envs in parallel worker processes through shared memory.
+
+    Outputs are those of ``DummyVecEnv`` (float32 rewards, bool dones, a list
+    of fresh info dicts with ``TimeLimit.truncated`` and, at an episode end,
+    ``terminal_observation``); env errors reach the caller with their own
+    type. Same seeds and actions give the same results as ``DummyVecEnv``.
+
+    Args:
+        env_fns: callables that each make one env (lambdas and closures work).
+        num_workers: worker processes; by default one per usable CPU, less one
+            when the caller steps a slice itself.
+        caller_steps: the calling process steps one slice of envs itself while
+            the workers step the rest (best on few cores).
+        pin_workers: ``False``, ``True`` or a list of CPU ids.
+        start_method: ``"forkserver"`` (default), ``"fork"`` or ``"spawn"``.
+        timeout: seconds any wait for workers may take before ``TimeoutError``.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from stable_baselines3.common.env_util import make_vec_env
+        >>> from shmvec.sb3 import ShmVecEnv
+        >>> venv = make_vec_env("CartPole-v1", n_envs=4, vec_env_cls=ShmVecEnv,
+        ...                     vec_env_kwargs={"num_workers": 1})
+        >>> obs = venv.reset()
+        >>> obs.shape, obs.dtype
+        ((4, 4), dtype('float32'))
+        >>> obs, rewards, dones, infos = venv.step(np.zeros(4, dtype=np.int64))
+        >>> rewards, dones.dtype, infos[0]["TimeLimit.truncated"]
+        (array([1., 1., 1., 1.], dtype=float32), dtype('bool'), False)
+        >>> venv.close()
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        *,
+        num_workers: int | None = None,
+        caller_steps: bool = True,
+        pin_workers: bool | Sequence[int] = False,
+        start_method: str | None = None,
+        timeout: float | None = None,
+        **refused: Any,
+    ):
+        for key in refused:
+            if key in _REFUSED:
+                raise TypeError(f"shmvec.sb3.ShmVecEnv does not take {key!r}: {_REFUSED[key]}")
+            raise TypeError(f"shmvec.sb3.ShmVecEnv got an unexpected keyword argument {key!r}")
+        self.closed = True  # until the engine is up
+        owner = uuid.uuid4().hex
+        self._engine = Engine(
+            [_sb3_env.EnvFactory(fn, owner) for fn in env_fns],
+            num_workers=num_workers,
+            caller_steps=caller_steps,
+            pin_workers=pin_workers,
+            start_method=start_method,
+            autoreset_code=AUTORESET_CODES["SameStep"],
+            timeout=timeout,
+        )
+        self.closed = False
+        self.num_workers = self._engine.num_workers
+        self._io = BatchIO(self._engine, copy=True)
+        self._object_actions: list | None = None
+        self._waiting = False
+        description = self._engine.description
+        try:
+            super().__init__(self._engine.num_envs, description["observation_space"], description["action_space"])
+        except BaseException:
+            self.close()
+            raise
+        self.metadata = dict(description["metadata"])  # as DummyVecEnv: the envs' own
+
+    # -- stepping -----------------------------------------------------------
+
+    def reset(self) -> VecEnvObs:
+        """Resets every env with the seeds and options set by ``seed()`` and
+        ``set_options()`` (then forgets them); fills ``reset_infos``."""
+        self._check_open()
+        self._waiting = False
+        # The engine passes one options dict to the envs it resets: one reset
+        # per distinct dict, as DummyVecEnv passes each env its own.
+        groups: dict[int | None, list[int]] = {}
+        for row, options in enumerate(self._options):
+            groups.setdefault(id(options) if options else None, []).append(row)
+        self.reset_infos = [{} for _ in range(self.num_envs)]
+        for rows in groups.values():
+            options = self._options[rows[0]] or None
+            mask = None
+            if len(groups) > 1:
+                mask = np.zeros(self.num_envs, dtype=np.bool_)
+                mask[rows] = True
+            for row, info, _ended, _final, objects, _final_objects in self._engine.reset(
+                    list(self._seeds), options, mask):
+                self._io.update_objects(row, objects)
+                self.reset_infos[row] = info or {}
+        self._reset_seeds()
+        self._reset_options()
+        return self._io.observations()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Checks the actions (``ValueError`` for a wrong shape or count) and
+        writes them to shared memory; ``step_wait`` steps."""
+        self._check_open()
+        self._object_actions = self._io.write_actions(actions)
+        self._waiting = True
+
+    def step_wait(self) -> VecEnvStepReturn:
+        """Steps every env; returns fresh (observations, float32 rewards,
+        bool dones, a list of info dicts), resetting ended episodes at once."""
+        self._check_open()
+        if not self._waiting:
+            raise RuntimeError("step_wait() needs a step_async(actions) first")
+        self._waiting = False
+        records = self._engine.step(self._object_actions)
+        io = self._io
+        timeouts = (io.truncations & ~io.terminations).tolist()
+        infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in timeouts]
+        for row, info, ended, final_info, objects, final_objects in records:
+            io.update_objects(row, objects)
+            step_info = final_info if ended else info
+            # Fresh dicts, as DummyVecEnv's deepcopy: an env may reuse its own.
+            out = copy.deepcopy(step_info) if step_info else {}
+            out["TimeLimit.truncated"] = timeouts[row]
+            if ended:
+                out["terminal_observation"] = io.observation(row, final=True, final_objects=final_objects)
+                self.reset_infos[row] = info or {}
+            infos[row] = out
+        dones = np.logical_or(io.terminations, io.truncations)
+        return io.observations(), io.rewards.astype(np.float32), dones, infos
+
+    # -- the envs' attributes and methods -------------------------------------
+
+    def _on_envs(self, fn: Callable[..., Any], *args: Any, indices: VecEnvIndices = None) -> list[Any]:
+        """``fn(env, *args)`` for the envs in `indices`, in their order."""
+        self._check_open()
+        return self._engine.call(_sb3_env.HOOK, (fn, *args), None, self._rows(indices))
+
+    def _rows(self, indices: VecEnvIndices) -> list[int]:
+        if indices is None:
+            return list(range(self.num_envs))
+        if isinstance(indices, (int, np.integer)):
+            indices = [indices]
+        rows = []
+        for index in indices:
+            index = operator.index(index)
+            if not -self.num_envs <= index < self.num_envs:
+                raise IndexError(f"env index {index} is out of range for {self.num_envs} envs")
+            rows.append(index % self.num_envs)  # negative counts from the end, as in a list
+        return rows
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        """The attribute of each env (found through its wrappers), never called."""
+        return self._on_envs(_sb3_env.get_attr, attr_name, indices=indices)
+
+    def has_attr(self, attr_name: str) -> bool:
+        """Whether every env has the attribute (its value does not travel)."""
+        return all(self._on_envs(_sb3_env.has_attr, attr_name))
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        """Sets the attribute on each env's outermost wrapper, as DummyVecEnv does."""
+        self._on_envs(setattr, attr_name, value, indices=indices)
+
+    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None,
+                   **method_kwargs) -> list[Any]:
+        """Calls a method of each env (found through its wrappers)."""
+        return self._on_envs(_sb3_env.call_method, method_name, method_args, method_kwargs, indices=indices)
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        """Whether each env has a wrapper of `wrapper_class` (e.g. ``Monitor``)."""
+        return self._on_envs(_sb3_env.is_wrapped, wrapper_class, indices=indices)
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        """Each env's frame (``render_mode="rgb_array"`` only, as DummyVecEnv)."""
+        if self.render_mode != "rgb_array":
+            warnings.warn(
+                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images."
+            )
+            return [None] * self.num_envs
+        return self.env_method("render")
+
+    @property
+    def spec(self):
+        """The first env's ``EnvSpec`` (``None`` if it was not made by ``gym.make``)."""
+        return self.get_attr("spec", indices=0)[0]
+
+    # -- shutdown -------------------------------------------------------------
+
+    def close(self, terminate: bool = False) -> None:
+        """Closes the envs and the workers; idempotent. ``terminate=True``
+        kills workers at once (e.g. when an env hangs)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._engine.close(terminate=terminate)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this shmvec.sb3.ShmVecEnv is closed; create a new one")
