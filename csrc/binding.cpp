@@ -93,6 +93,7 @@ class PyFrontChannel {
   }
   bool busy() const { return channel_.busy(); }
   bool abandon(uint32_t w) { return channel_.abandon(w); }
+  std::vector<uint32_t> busy_workers() const { return channel_.busy_workers(); }
   py::tuple result(uint32_t w) const {
     if (w >= all_.size()) throw py::index_error("worker index out of range");
     const auto& r = channel_.control_of(w).result;
@@ -314,6 +315,7 @@ PYBIND11_MODULE(_core, m) {
       .def("wait", &PyFrontChannel::wait, py::arg("sentinels"), py::arg("timeout") = -1.0)
       .def_property_readonly("busy", &PyFrontChannel::busy)
       .def("abandon", &PyFrontChannel::abandon, py::arg("worker"))
+      .def("busy_workers", &PyFrontChannel::busy_workers)
       .def("result", &PyFrontChannel::result)
       .def("workers_with_replies", &PyFrontChannel::workers_with_replies)
       .def("attach_async", &PyFrontChannel::attach_async, py::arg("data"), py::arg("offset"),

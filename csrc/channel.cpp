@@ -112,6 +112,13 @@ bool FrontChannel::all_done() const {
   return true;
 }
 
+std::vector<uint32_t> FrontChannel::busy_workers() const {
+  std::vector<uint32_t> out;
+  for (uint32_t w = 0; w < seq_.size(); ++w)
+    if (posted_[w] && !done(w)) out.push_back(w);
+  return out;
+}
+
 bool FrontChannel::abandon(uint32_t w) {
   if (w >= seq_.size()) throw std::out_of_range("worker index out of range");
   const bool was_busy = posted_[w] && !done(w);

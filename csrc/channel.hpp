@@ -105,6 +105,8 @@ class FrontChannel {
   // Returns whether it was still busy.
   bool abandon(uint32_t w);
   bool done(uint32_t w) const;
+  // Workers given the last command that have not completed it.
+  std::vector<uint32_t> busy_workers() const;
   const WorkerControl& control_of(uint32_t w) const { return *control(w); }
   std::vector<uint32_t> workers_with_replies() const;
   void set_spin_limits(int64_t min_ns, int64_t max_ns) { spin_.set_limits(min_ns, max_ns); }

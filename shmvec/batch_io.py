@@ -118,13 +118,23 @@ class BatchIO:
                 values.append(view[rows])  # fancy indexing copies
         return self._unflatten_obs(values)
 
-    def observation(self, row: int, final: bool = False, final_objects: list | None = None) -> Any:
-        """One env's observation (its terminal one with `final`), as a copy."""
-        views = self.final_views if final else self.obs_views
+    def snapshot(self) -> list:
+        """A copy of every observation leaf (arrays, and lists for leaves
+        without a fixed shape), for `observation(row, snapshot=...)`."""
+        return [view.copy() if view is not None else list(objects)
+                for view, objects in zip(self.obs_views, self._object_obs)]
+
+    def observation(self, row: int, final: bool = False, final_objects: list | None = None,
+                    snapshot: list | None = None) -> Any:
+        """One env's observation, as a copy: its current one, its terminal one
+        (`final`), or the one in a `snapshot`."""
+        views = snapshot if snapshot is not None else self.final_views if final else self.obs_views
         extra = iter(final_objects or ())
         values = []
         for k, view in enumerate(views):
-            if view is None:
+            if isinstance(view, list):  # a snapshot of a leaf without a fixed shape
+                values.append(view[row])
+            elif view is None:
                 values.append(next(extra) if final else self._object_obs[k][row])
             elif view.ndim > 1 or self._zero_dim[k]:
                 values.append(view[row, ...].copy())  # an array, 0-d for a Box of shape ()

@@ -118,6 +118,8 @@ class Engine:
         autoreset_code: int = 0,
         timeout: float | None = None,
         async_mode: bool = False,
+        restart_failed_workers: bool = False,
+        max_restarts: int = 10,
     ):
         if not IS_LINUX:
             raise OSError(
@@ -149,6 +151,17 @@ class Engine:
 
         if async_mode and caller_steps:
             raise ValueError("in async mode the caller cannot step envs itself: use caller_steps=False")
+        if async_mode and restart_failed_workers:
+            raise ValueError("restart_failed_workers is not supported in async mode (batch_size < num_envs) yet")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, (int, np.integer)) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+        self.restart_failed_workers = bool(restart_failed_workers)
+        self.max_restarts = int(max_restarts)
+        self.restarts = 0
+        # Workers that died or hung during the current command, with why;
+        # rows of the envs restarted by the last command.
+        self._failed: list[tuple[int, str]] = []
+        self.restarted_rows: list[int] = []
         self.num_envs = len(env_fns)
         self.async_mode = async_mode
         if num_workers is None:
@@ -172,8 +185,9 @@ class Engine:
         slices = split_slices(self.num_envs, num_slices)
         caller_rows = slices.pop(0) if caller_steps else None
         self.worker_rows = slices
-        # fds to close at shutdown: [parent pipe's write end, arena memfd].
-        self._fds = [-1, -1]
+        # fds to close at shutdown: [parent pipe's write end, arena memfd,
+        # parent pipe's read end]; the last two stay open to restart workers.
+        self._fds = [-1, -1, -1]
         # If the engine is garbage-collected unclosed, workers still go away.
         self._finalizer = weakref.finalize(self, _shutdown, self._processes, self._cpus, self._fds, 1.0)
         try:
@@ -204,32 +218,35 @@ class Engine:
             req, rep = _core.area_offsets(w, REQUEST_CAPACITY, REPLY_CAPACITY, k)
             self._request_areas.append(buf[req:req + REQUEST_CAPACITY])
             self._reply_areas.append(buf[rep:rep + REPLY_CAPACITY])
+        self._sentinels: list[int] = []
         if w == 0:
-            self._sentinels: list[int] = []
             return
-        read_end, self._fds[0] = os.pipe()
+        # The parent-alive pipe: workers get the read end; only we hold the
+        # write end. We keep the read end too, for workers started later.
+        self._fds[2], self._fds[0] = os.pipe()
         self._cpus[:] = _take_cpus(w, pin_workers)
+        self._factories = [cloudpickle.dumps([env_fns[i] for i in rows]) for rows in self.worker_rows]
+        for k in range(w):
+            self._processes.append(self._spawn(k))
+        self._sentinels[:] = [p.sentinel for p in self._processes]
+        self._channel.post(list(range(w)), P.DESCRIBE)
+
+    def _spawn(self, k: int) -> mp.process.BaseProcess:
+        """Starts the process of worker `k` (it then waits for DESCRIBE)."""
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             # Workers start in milliseconds when the server has these loaded.
             ctx.set_forkserver_preload(["shmvec.worker"])
-        try:
-            for k, rows in enumerate(self.worker_rows):
-                spec = WorkerSpec(
-                    index=k, num_workers=w, first_row=rows.start,
-                    factories=cloudpickle.dumps([env_fns[i] for i in rows]),
-                    arena=FdHandle(self._fds[1]), fixed_size=fixed,
-                    request_capacity=REQUEST_CAPACITY, reply_capacity=REPLY_CAPACITY,
-                    parent_alive=FdHandle(read_end), parent_write_fd=self._fds[0],
-                    start_method=self.start_method, cpu=self._cpus[k],
-                )
-                p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=True)
-                p.start()
-                self._processes.append(p)
-        finally:
-            os.close(read_end)  # children hold their own copies
-        self._sentinels = [p.sentinel for p in self._processes]
-        self._channel.post(list(range(w)), P.DESCRIBE)
+        spec = WorkerSpec(
+            index=k, num_workers=self.num_workers, first_row=self.worker_rows[k].start,
+            factories=self._factories[k], arena=FdHandle(self._fds[1]), fixed_size=self._fixed_size,
+            request_capacity=REQUEST_CAPACITY, reply_capacity=REPLY_CAPACITY,
+            parent_alive=FdHandle(self._fds[2]), parent_write_fd=self._fds[0],
+            start_method=self.start_method, cpu=self._cpus[k],
+        )
+        p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=True)
+        p.start()
+        return p
 
     def _describe_and_attach(self, autoreset_code: int) -> None:
         descriptions = []
@@ -264,11 +281,9 @@ class Engine:
             self._channel.attach_async(self._data, self.layout.async_offset, self.num_envs,
                                        RECORD_CAPACITY, owner)
         if self.num_workers:
-            attach = P.dumps((self.layout, obs_space, act_space, autoreset_code))
-            self._post(P.ATTACH, [attach] * self.num_workers)
+            self._attach_request = P.dumps((self.layout, obs_space, act_space, autoreset_code))
+            self._post(P.ATTACH, [self._attach_request] * self.num_workers)
             self._collect(range(self.num_workers))
-        os.close(self._fds[1])  # the mappings and the workers keep the memory
-        self._fds[1] = -1
 
     # -- commands -----------------------------------------------------------
 
@@ -276,8 +291,54 @@ class Engine:
         if self.broken:
             raise ShmVecError(self.broken)
 
-    def _wait(self) -> None:
-        self._check_wait(self._channel.wait(self._sentinels, self.timeout))
+    def _wait(self, restart: bool = False) -> None:
+        code = self._channel.wait(self._sentinels, self.timeout)
+        while code != 0 and restart and self.restart_failed_workers:
+            # Give up on the failed workers' part of this command, finish
+            # waiting for the others; _restart_failed() replaces them after.
+            if code > 0:
+                failed = [(code - 1, self._exit_cause(code - 1))]
+            else:
+                failed = [(w, f"hung for more than timeout={self.timeout} s") for w in self._channel.busy_workers()]
+            for w, cause in failed:
+                self._channel.abandon(w)
+                self._processes[w].kill()
+                self._processes[w].join(timeout=CLOSE_GRACE_S)
+                self._failed.append((w, cause))
+            code = self._channel.wait(self._sentinels, self.timeout)
+        self._check_wait(code)
+
+    def _exit_cause(self, w: int) -> str:
+        p = self._processes[w]
+        p.join(timeout=1.0)
+        return str(WorkerDiedError(w, self.worker_rows[w], p.exitcode)).split("; ")[0]
+
+    def _restart_failed(self) -> list:
+        """Replaces failed workers with fresh ones that rebuild their envs
+        from the same factories and reset them (without seeds). Returns the
+        reset records; the restarted rows go to `restarted_rows`."""
+        failed, self._failed = self._failed, []
+        records = []
+        for w, cause in failed:
+            if self.restarts >= self.max_restarts:
+                self.broken = (f"shmvec worker {w} failed ({cause}) and the restart budget "
+                               f"max_restarts={self.max_restarts} is spent; close this vector env")
+                raise WorkerDiedError(w, self.worker_rows[w], self._processes[w].exitcode, self.broken)
+            self.restarts += 1
+            self._processes[w].close()
+            self._channel.post([w], P.DESCRIBE)  # before it starts: the first command it sees
+            self._processes[w] = self._spawn(w)
+            self._sentinels[w] = self._processes[w].sentinel
+            self._collect([w])
+            self._post(P.ATTACH, [self._attach_request], [w])
+            self._collect([w])
+            rows = self.worker_rows[w]
+            self._post(P.RESET, [cloudpickle.dumps(([None] * len(rows), None, None))], [w])
+            reply = self._collect([w])[0]
+            if reply:
+                records += P.loads(reply) or []
+            self.restarted_rows += list(rows)
+        return records
 
     def _check_wait(self, code: int) -> None:
         """Turns a failed wait into TimeoutError or WorkerDiedError."""
@@ -351,6 +412,7 @@ class Engine:
         raised only once every slice is done, so nothing is left in flight."""
         self.check_usable()
         self.drain()
+        self.restarted_rows = []
         plain_step = code == P.STEP and requests is None
         if self.num_workers:
             if plain_step:
@@ -370,10 +432,20 @@ class Engine:
         replies: list[bytes] = []
         if self.num_workers:
             try:
-                self._wait()
+                self._wait(restart=True)
+                failed = {w for w, _ in self._failed}
                 # On the step path only workers with infos or episode ends reply.
-                workers = self._channel.workers_with_replies() if plain_step else range(self.num_workers)
+                if plain_step:
+                    workers = self._channel.workers_with_replies()
+                else:
+                    workers = [w for w in range(self.num_workers) if w not in failed]
                 replies = self._read_replies(workers)
+                if failed:
+                    restarted = self._restart_failed()
+                    if code not in (P.STEP, P.RESET):  # their results are lost, not replaced
+                        raise ShmVecError(f"shmvec workers {sorted(failed)} failed during this call and were "
+                                          "restarted (their envs reset); call again")
+                    replies.append(P.dumps(restarted))
             except Exception:
                 if caller_error is None:
                     raise
@@ -394,7 +466,16 @@ class Engine:
             requests = [P.dumps([object_actions[i] for i in rows]) for rows in self.worker_rows]
             caller_records, replies = self._run(
                 P.STEP, lambda s: s.step([object_actions[i] for i in s.rows]), requests)
-        return self._merge(caller_records, replies)
+        records = self._merge(caller_records, replies)
+        if self.restarted_rows:
+            # Fresh workers replaced failed ones and reset their envs: to the
+            # caller these episodes were cut short.
+            rows = self.restarted_rows
+            self.views["rewards"][rows] = 0.0
+            self.views["terminations"][rows] = False
+            self.views["truncations"][rows] = True
+            records.sort(key=lambda record: record[0])  # their reset records came last
+        return records
 
     @staticmethod
     def _merge(caller_records, replies: list[bytes]) -> list:

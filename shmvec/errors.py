@@ -13,7 +13,7 @@ class ShmVecError(RuntimeError):
 class WorkerDiedError(ShmVecError):
     """A worker process exited or was killed while the front end needed it."""
 
-    def __init__(self, worker: int, env_indices: range, exitcode: int | None):
+    def __init__(self, worker: int, env_indices: range, exitcode: int | None, message: str | None = None):
         self.worker = worker
         self.env_indices = env_indices
         self.exitcode = exitcode
@@ -29,13 +29,13 @@ class WorkerDiedError(ShmVecError):
             how = f"killed by signal {name}"
         else:
             how = f"exit code {exitcode}"
-        super().__init__(
+        super().__init__(message or (
             f"shmvec worker {worker} (envs {env_indices.start}..{env_indices.stop - 1}) died ({how}); "
             "close this vector env and create a new one"
-        )
+        ))
 
     def __reduce__(self):
-        return (type(self), (self.worker, self.env_indices, self.exitcode))
+        return (type(self), (self.worker, self.env_indices, self.exitcode, str(self)))
 
 
 class RemoteTraceback(Exception):

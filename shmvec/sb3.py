@@ -73,6 +73,8 @@ class ShmVecEnv(VecEnv):
         pin_workers: bool | Sequence[int] = False,
         start_method: str | None = None,
         timeout: float | None = None,
+        restart_failed_workers: bool = False,
+        max_restarts: int = 10,
         **refused: Any,
     ):
         for key in refused:
@@ -89,6 +91,8 @@ class ShmVecEnv(VecEnv):
             start_method=start_method,
             autoreset_code=AUTORESET_CODES["SameStep"],
             timeout=timeout,
+            restart_failed_workers=restart_failed_workers,
+            max_restarts=max_restarts,
         )
         self.closed = False
         self.num_workers = self._engine.num_workers
@@ -128,6 +132,7 @@ class ShmVecEnv(VecEnv):
                 self.reset_infos[row] = info or {}
         self._reset_seeds()
         self._reset_options()
+        self._keep_last_observations()
         return self._io.observations()
 
     def step_async(self, actions: np.ndarray) -> None:
@@ -148,8 +153,12 @@ class ShmVecEnv(VecEnv):
         io = self._io
         timeouts = (io.truncations & ~io.terminations).tolist()
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in timeouts]
+        restarted = set(self._engine.restarted_rows)
         for row, info, ended, final_info, objects, final_objects in records:
             io.update_objects(row, objects)
+            if row in restarted:  # a fresh worker reset it: this is its reset info
+                self.reset_infos[row] = info or {}
+                continue
             step_info = final_info if ended else info
             # Fresh dicts, as DummyVecEnv's deepcopy: an env may reuse its own.
             out = copy.deepcopy(step_info) if step_info else {}
@@ -158,8 +167,18 @@ class ShmVecEnv(VecEnv):
                 out["terminal_observation"] = io.observation(row, final=True, final_objects=final_objects)
                 self.reset_infos[row] = info or {}
             infos[row] = out
+        for row in restarted:  # its worker died or hung: the episode was cut short
+            infos[row]["terminal_observation"] = io.observation(row, snapshot=self._last_observations)
+            infos[row]["shmvec_restarted"] = True
+        self._keep_last_observations()
         dones = np.logical_or(io.terminations, io.truncations)
         return io.observations(), io.rewards.astype(np.float32), dones, infos
+
+    def _keep_last_observations(self) -> None:
+        """With restarts, a restarted env's terminal_observation is the last
+        observation SB3 saw: keep a copy (one per step)."""
+        if self._engine.restart_failed_workers:
+            self._last_observations = self._io.snapshot()
 
     # -- the envs' attributes and methods -------------------------------------
 

@@ -95,6 +95,8 @@ class ShmVecEnv(VectorEnv):
         copy: bool = True,
         timeout: float | None = None,
         batch_size: int | None = None,
+        restart_failed_workers: bool = False,
+        max_restarts: int = 10,
     ):
         super().__init__()
         self.closed = True  # until the engine is up, so __del__/close have nothing to do
@@ -127,6 +129,8 @@ class ShmVecEnv(VectorEnv):
             autoreset_code=AUTORESET_CODES[self.autoreset_mode.value],
             timeout=timeout,
             async_mode=async_mode,
+            restart_failed_workers=restart_failed_workers,
+            max_restarts=max_restarts,
         )
         self.closed = False
         engine = self._engine
@@ -171,6 +175,7 @@ class ShmVecEnv(VectorEnv):
                 options = dict(options)
                 mask = self._reset_mask(options.pop("reset_mask"))
         records = self._run(lambda: self._engine.reset(seeds, options, mask))
+        self._keep_last_observations()
         if mask is None:
             self._autoreset_envs[:] = False
             self._reset_required = None
@@ -198,6 +203,12 @@ class ShmVecEnv(VectorEnv):
         if self.autoreset_mode is AutoresetMode.DISABLED:
             np.logical_or(io.terminations, io.truncations, out=self._autoreset_envs)
         infos = self._infos(records) if records else {}
+        for row in self._engine.restarted_rows:  # reset by fresh workers, truncated
+            if self.autoreset_mode is AutoresetMode.SAME_STEP:
+                final_obs = self._io.observation(row, snapshot=self._last_observations)
+                infos = self._add_info(infos, {"final_obs": final_obs, "final_info": {}}, row)
+            infos = self._add_info(infos, {"shmvec_restarted": True}, row)
+        self._keep_last_observations()
         return (
             io.observations(),
             io.rewards.copy(),
@@ -297,6 +308,12 @@ class ShmVecEnv(VectorEnv):
                 f"{name}() is for synchronous stepping; this env has batch_size={self.batch_size} "
                 f"< num_envs={self.num_envs}: use {instead}()"
             )
+
+    def _keep_last_observations(self) -> None:
+        """With restarts under SAME_STEP, a restarted env's final_obs is the
+        last observation the caller saw: keep a copy (one per step)."""
+        if self._engine.restart_failed_workers and self.autoreset_mode is AutoresetMode.SAME_STEP:
+            self._last_observations = self._io.snapshot()
 
     def _run(self, operation: Callable[[], Any]) -> Any:
         try:
