@@ -24,6 +24,8 @@ GOALS = [
     ("memory-64-forkserver", "async", "shmvec", 5),
     ("startup-64-fork", "async", "shmvec", 5),
     ("startup-64-forkserver", "async", "shmvec", 5),
+    ("straggler-32", "shmvec-async", "shmvec-lockstep", 2.5),
+    ("cartpole-async-64", "shmvec-async", "shmvec-lockstep", 1),
 ]
 
 FORMATS = {"steps_per_s": "{:,.0f} steps/s", "seconds": "{:.3f} s", "pss_mib": "{:,.0f} MiB PSS"}

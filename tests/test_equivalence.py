@@ -198,3 +198,11 @@ def test_make_mirrors_make_vec(closing):
     assert wrapped.get_attr("g") == (1.62, 1.62)
     with pytest.raises(gym.error.Error):
         shmvec.make("NoSuchEnv-v0", num_envs=2)
+
+
+@pytest.mark.slow
+def test_hundred_thousand_steps_lockstep(closing):
+    """10^5 steps against SyncVectorEnv, episodes ending and infos flowing."""
+    envs, ref = pair(spaces_env("dict"), 4, AutoresetMode.SAME_STEP, num_workers=1, start_method="fork")
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=100_000)
