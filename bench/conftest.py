@@ -25,6 +25,9 @@ GOALS = [
     ("startup-64-fork", "async", "shmvec", 5),
     ("startup-64-forkserver", "async", "shmvec", 5),
     ("straggler-32", "shmvec-async", "shmvec-lockstep", 2.5),
+    ("sb3-step-64", "shmvec", "dummy", 1),
+    ("sb3-step-64", "shmvec", "subproc", 1),
+    ("sb3-step-8", "shmvec", "subproc", 1),
     ("cartpole-async-64", "shmvec-async", "shmvec-lockstep", 1),
 ]
 
