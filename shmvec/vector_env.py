@@ -69,6 +69,13 @@ class ShmVecEnv(VectorEnv):
         copy: return observations the caller owns (``True``) or views into
             shared memory that the next step overwrites (``False``).
         timeout: seconds any wait for workers may take before ``TimeoutError``.
+        batch_size: below ``num_envs``, EnvPool-style async stepping:
+            ``async_reset()``, then ``recv()`` returns the first ``batch_size``
+            envs to finish and ``send(actions, env_ids)`` steps them again.
+        restart_failed_workers: replace a worker that dies or hangs past
+            ``timeout``; its envs come back reset, truncated and flagged in
+            ``infos["shmvec_restarted"]``.
+        max_restarts: the restart budget; beyond it, ``WorkerDiedError``.
 
     Example:
         >>> import gymnasium as gym
@@ -112,7 +119,7 @@ class ShmVecEnv(VectorEnv):
         num_envs = len(env_fns)
         if batch_size is None:
             batch_size = num_envs
-        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or not 1 <= batch_size <= max(num_envs, 1):
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or not 1 <= batch_size <= num_envs:
             raise ValueError(f"batch_size must be an int in [1, num_envs={num_envs}], got {batch_size!r}")
         self.batch_size = int(batch_size)
         async_mode = self.batch_size < num_envs
