@@ -7,8 +7,16 @@ from typing import Any
 import numpy as np
 
 
+def _zero_dim(x: Any) -> Any:
+    """A numpy scalar as a 0-d array. An env may return either for a Box of
+    shape (); shmvec cannot tell them apart across processes (documented)."""
+    return np.asarray(x) if isinstance(x, np.generic) else x
+
+
 def assert_same(a: Any, b: Any, where: str = "") -> None:
     """Exactly equal, dtypes, key order and container types included."""
+    if isinstance(a, np.generic) != isinstance(b, np.generic) and np.ndim(a) == np.ndim(b) == 0:
+        a, b = _zero_dim(a), _zero_dim(b)
     assert type(a) is type(b), f"{where}: type {type(a).__name__} != {type(b).__name__}"
     if isinstance(a, dict):
         assert list(a.keys()) == list(b.keys()), f"{where}: keys {list(a)} != {list(b)}"
