@@ -29,6 +29,9 @@ void futex_wake(std::atomic<uint32_t>* word, int count);
 // is readable or hung up (a process sentinel or the end of a pipe), or -1.
 int first_ready_fd(const int* fds, int count);
 
+// Offers the CPU to another runnable thread on this core (sched_yield).
+void yield_cpu();
+
 // Monotonic clock in nanoseconds.
 int64_t now_ns();
 

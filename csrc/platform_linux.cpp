@@ -5,6 +5,7 @@
 #include <climits>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -67,6 +68,8 @@ int first_ready_fd(const int* fds, int count) {
     if (p[i].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) return i;
   return -1;
 }
+
+void yield_cpu() { sched_yield(); }
 
 int64_t now_ns() {
   struct timespec ts;

@@ -49,17 +49,25 @@ inline void publish(std::atomic<uint32_t>& word, uint32_t value,
 // to give up (timeout, dead peer, pending signal). Returns whether ready.
 // Memory order: `ready` is evaluated on acquire loads, so whatever the
 // publisher wrote before its release (or seq_cst) store is visible after.
+constexpr int64_t kPureSpinNs = 3'000;
+
 template <class Ready, class OnSlice>
 bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Ready ready,
                 int64_t spin_ns, int64_t slice_ns, OnSlice on_slice) {
   if (ready(word.load(std::memory_order_acquire))) return true;
   const int64_t start = platform::now_ns();
+  int64_t now = start;
   do {
     for (int k = 0; k < 16; ++k) {
       platform::cpu_relax();
       if (ready(word.load(std::memory_order_acquire))) return true;
     }
-  } while (platform::now_ns() - start < spin_ns);
+    now = platform::now_ns();
+    // Past the first few microseconds, offer the core between checks: if the
+    // peer we wait for shares it (more runnable processes than cores), it
+    // runs now instead of after our whole budget; if not, this costs ~1 us.
+    if (now - start > kPureSpinNs) platform::yield_cpu();
+  } while (now - start < spin_ns);
 
   for (;;) {
     sleeping.store(1, std::memory_order_seq_cst);
