@@ -23,25 +23,34 @@ from gymnasium.vector.utils import batch_space
 from ray.exceptions import RayActorError
 
 from shmvec.engine import split_slices
-from shmvec.errors import WorkerDiedError
+from shmvec.errors import ShmVecError, WorkerDiedError
 from shmvec.layout import flattener, leaves_of, unflattener
 from shmvec.vector_env import ShmVecEnv
 
-__all__ = ["RayVecEnv", "ActorDiedError", "register_rllib_env"]
+__all__ = ["ActorDiedError", "RayVecEnv", "register_rllib_env"]
 
 CLOSE_GRACE_S = 5.0
 
 
 class ActorDiedError(WorkerDiedError):
-    """A Ray actor of a ``RayVecEnv`` died (killed, out of memory, its node lost)."""
+    """A Ray actor of a ``RayVecEnv`` died (killed, out of memory, its node
+    lost): a ``shmvec.WorkerDiedError`` whose ``worker`` is the actor's index.
+
+    Example:
+        >>> import shmvec
+        >>> from shmvec.ray import ActorDiedError
+        >>> error = ActorDiedError(1, range(32, 64), "its node was lost")
+        >>> isinstance(error, shmvec.WorkerDiedError), error.worker, error.env_indices
+        (True, 1, range(32, 64))
+        >>> print(error)
+        shmvec Ray actor 1 (envs 32..63) died: its node was lost; close this vector env and create a new one
+    """
 
     def __init__(self, actor: int, env_indices: range, reason: str = ""):
-        super().__init__(actor, env_indices, None)
         self.reason = reason
-        self.args = (
+        super().__init__(actor, env_indices, None, (
             f"shmvec Ray actor {actor} (envs {env_indices.start}..{env_indices.stop - 1}) died: "
-            f"{reason or 'no reason given'}; close this vector env and create a new one",
-        )
+            f"{reason or 'no reason given'}; close this vector env and create a new one"))
 
     def __reduce__(self):
         return (type(self), (self.worker, self.env_indices, self.reason))
@@ -147,6 +156,13 @@ class _Batches:
             for leaf in leaves
         ])
 
+    def row(self, batch: Any, i: int) -> Any:
+        """Value `i` of a batch, as SyncVectorEnv holds one env's value, owned by the caller."""
+        return self.unflatten([
+            np.array(value[i, ...]) if leaf.fixed and (value.ndim > 1 or leaf.zero_dim_array) else _owned(value[i])
+            for leaf, value in zip(self.leaves, self.flatten(batch))
+        ])
+
     def join(self, batches: list) -> Any:
         """One batch of the rows of `batches`, in order, owned by the caller."""
         joined = []
@@ -230,21 +246,25 @@ class RayVecEnv(VectorEnv):
             synchronous mode, where the actor steps a slice itself). Results
             always belong to the caller: ``copy`` is not used.
 
-    Raises ``ActorDiedError`` (a ``shmvec.WorkerDiedError``) naming the actor
-    and its envs when an actor dies.
+    An actor that dies raises ``ActorDiedError`` (a ``shmvec.WorkerDiedError``)
+    naming it and its envs. With ``restart_failed_workers=True`` (synchronous
+    mode, as in ``ShmVecEnv``) Ray restarts it, up to ``max_restarts`` times
+    per actor: its envs are rebuilt, reset without seeds, and reported as
+    truncated with ``infos["shmvec_restarted"]``; a ``call``/``set_attr`` it
+    died in raises ``ShmVecError`` (call again); a ``reset`` is redone.
 
-    Example:
-        >>> import gymnasium as gym
-        >>> import ray
-        >>> from shmvec.ray import RayVecEnv
-        >>> ray.init(num_cpus=2)  # or ray.init(address="auto") on a cluster
-        >>> envs = RayVecEnv([lambda: gym.make("CartPole-v1")] * 64, num_actors=2,
-        ...                  actor_options={"num_cpus": 1, "scheduling_strategy": "SPREAD"})
-        >>> obs, infos = envs.reset(seed=42)
-        >>> obs.shape
-        (64, 4)
-        >>> obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
-        >>> envs.close()
+    Example (it needs a cluster, so it is not run as a doctest)::
+
+        import gymnasium as gym
+        import ray
+        from shmvec.ray import RayVecEnv
+
+        ray.init()  # or ray.init(address="auto") to join a running cluster
+        envs = RayVecEnv([lambda: gym.make("CartPole-v1")] * 64, num_actors=2,
+                         actor_options={"num_cpus": 4, "scheduling_strategy": "SPREAD"})
+        obs, infos = envs.reset(seed=42)  # obs.shape == (64, 4)
+        obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
+        envs.close()
     """
 
     def __init__(
@@ -260,13 +280,12 @@ class RayVecEnv(VectorEnv):
         self.closed = True  # until the actors are up, so __del__/close have nothing to do
         env_fns = list(env_fns)
         num_envs = len(env_fns)
-        if isinstance(num_actors, bool) or not isinstance(num_actors, (int, np.integer)) or not 1 <= num_actors <= max(num_envs, 1):
-            raise ValueError(f"num_actors must be an int in [1, num_envs={num_envs}], got {num_actors!r}")
         if not env_fns:
             raise ValueError("env_fns is empty: pass at least one env factory")
         batch_size = num_envs if batch_size is None else batch_size
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or not 1 <= batch_size <= num_envs:
-            raise ValueError(f"batch_size must be an int in [1, num_envs={num_envs}], got {batch_size!r}")
+        for name, value in (("num_actors", num_actors), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= num_envs:
+                raise ValueError(f"{name} must be an int in [1, num_envs={num_envs}], got {value!r}")
         self.num_envs, self.batch_size = num_envs, int(batch_size)
         self.slices = split_slices(num_envs, int(num_actors))
         async_mode = self.batch_size < num_envs
@@ -275,15 +294,19 @@ class RayVecEnv(VectorEnv):
                              f"got {num_envs} envs for {num_actors} actors")
         shmvec_kwargs["copy"] = False  # Ray copies results anyway
         options = {"num_cpus": 1, **(actor_options or {})}
+        self._restart = bool(shmvec_kwargs.get("restart_failed_workers", False))
+        if self._restart:  # Ray restarts a dead actor's process; _revive() rebuilds its envs
+            options.setdefault("max_restarts", shmvec_kwargs.get("max_restarts", 10))  # ShmVecEnv's default
         actor_class = ray.remote(_SliceHost).options(**options)
         self._actors = [actor_class.remote() for _ in self.slices]
         self._actor_ids = [actor._actor_id.hex() for actor in self._actors]
+        # Each actor's ShmVecEnv receives one env at a time, so that the
+        # front end can ask an actor for any number of finished envs.
+        self._start_args = [([env_fns[i] for i in rows], 1 if async_mode else None, shmvec_kwargs)
+                            for rows in self.slices]
         self.closed = False
         try:
-            # Each actor's ShmVecEnv receives one env at a time, so that the
-            # front end can ask an actor for any number of finished envs.
-            descriptions = self._gather(lambda k, a: a.start.remote(
-                [env_fns[i] for i in self.slices[k]], 1 if async_mode else None, shmvec_kwargs))
+            descriptions = self._gather(lambda k, a: a.start.remote(*self._start_args[k]))
         except BaseException:
             self.close(terminate=True)
             raise
@@ -310,8 +333,9 @@ class RayVecEnv(VectorEnv):
         self._observations: list[Any] = [None] * len(self.slices)
         self._ended = np.zeros(num_envs, dtype=np.bool_)
         # Async mode: envs sent (or reset) and not yet received by the caller;
-        # per actor, envs in flight not yet asked for; Ray calls in progress
-        # (object ref -> actor) and the results they brought, not yet received.
+        # per actor, envs in flight not yet asked for and how many it returns
+        # per call; Ray calls in progress and the results they brought, not
+        # yet received.
         self._in_flight = np.zeros(num_envs, dtype=np.bool_)
         self._reset_pending = np.zeros(num_envs, dtype=np.bool_)
         self._unasked = np.zeros(len(self.slices), dtype=np.int64)
@@ -334,6 +358,22 @@ class RayVecEnv(VectorEnv):
         except RayActorError as exc:
             k = self._actor_ids.index(exc.actor_id) if exc.actor_id in self._actor_ids else 0
             raise ActorDiedError(k, self.slices[k], str(exc).strip().splitlines()[0]) from exc
+
+    def _revive(self, k: int) -> tuple[Any, dict]:
+        """After actor `k` died (restart_failed_workers): waits for Ray to
+        restart it, rebuilds its envs and resets them without seeds."""
+        actor, rows = self._actors[k], self.slices[k]
+        try:
+            self._get(actor.start.remote(*self._start_args[k]))
+            return self._get(actor.reset.remote([None] * len(rows), None))
+        except ActorDiedError as exc:
+            raise ActorDiedError(k, rows, f"{exc.reason}; Ray's restart budget (max_restarts) is spent") from exc
+
+    def _restart_or_raise(self, exc: ActorDiedError) -> None:
+        """Revives the actor that `exc` names, or raises `exc` without restarts."""
+        if not self._restart:
+            raise exc
+        self._revive(exc.worker)
 
     def _stepped(self, refs: Any) -> Any:
         """Gathers results of steps: after an env error, some envs stepped and
@@ -361,7 +401,7 @@ class RayVecEnv(VectorEnv):
         seeds = ShmVecEnv._seeds(self, seed)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
-        options = dict(options or {})
+        given, options = options, dict(options or {})
         mask = ShmVecEnv._reset_mask(self, options.pop("reset_mask")) if "reset_mask" in options else None
         actors = [k for k, rows in enumerate(self.slices) if mask is None or mask[rows.start:rows.stop].any()]
 
@@ -370,7 +410,11 @@ class RayVecEnv(VectorEnv):
             part = options if mask is None else {**options, "reset_mask": mask[rows.start:rows.stop]}
             return actor.reset.remote(seeds[rows.start:rows.stop], part or None)
 
-        results = self._gather(reset, actors)
+        try:
+            results = self._gather(reset, actors)
+        except ActorDiedError as exc:
+            self._restart_or_raise(exc)
+            return self.reset(seed=seed, options=given)
         if mask is None:
             self._reset_required = None
         self._ended[:] = False if mask is None else self._ended & ~mask
@@ -391,16 +435,43 @@ class RayVecEnv(VectorEnv):
                 f"envs {np.flatnonzero(self._ended).tolist()} ended their episodes and autoreset_mode is "
                 "DISABLED: reset them with reset(options={'reset_mask': mask}) before stepping again")
         leaves = self._action_batches.check(actions, self.num_envs, "actions")
-        results = self._stepped([actor.step.remote(self._action_batches.take(leaves, slice(rows.start, rows.stop)))
-                                 for actor, rows in zip(self._actors, self.slices)])
+        results, restarted = self._step_results([
+            actor.step.remote(self._action_batches.take(leaves, slice(rows.start, rows.stop)))
+            for actor, rows in zip(self._actors, self.slices)])
         infos: dict[str, Any] = {}
+        last_seen = list(self._observations)
         for k, (obs, _, _, _, part) in enumerate(results):
             self._observations[k] = obs
             infos = self._merge(infos, part, self.slices[k])
+        for k in restarted:  # as ShmVecEnv reports envs of restarted workers
+            for i, row in enumerate(self.slices[k]):
+                if self.autoreset_mode is AutoresetMode.SAME_STEP:
+                    final_obs = self._obs_batches.row(last_seen[k], i)
+                    infos = self._add_info(infos, {"final_obs": final_obs, "final_info": {}}, row)
+                infos = self._add_info(infos, {"shmvec_restarted": True}, row)
         rewards, terminations, truncations = (np.concatenate([r[i] for r in results]) for i in (1, 2, 3))
         if self.autoreset_mode is AutoresetMode.DISABLED:
             self._ended = terminations | truncations
         return self._obs_batches.join(self._observations), rewards, terminations, truncations, infos
+
+    def _step_results(self, refs: list) -> tuple[list, list[int]]:
+        """Each actor's step result. With restart_failed_workers, an actor
+        that died is restarted: its envs come back reset and truncated."""
+        try:
+            return self._stepped(refs), []
+        except ActorDiedError:
+            if not self._restart:
+                raise
+        results, restarted = [], []
+        for k, ref in enumerate(refs):
+            try:
+                results.append(self._stepped(ref))
+            except ActorDiedError:
+                obs, infos = self._revive(k)
+                n = len(self.slices[k])
+                results.append((obs, np.zeros(n), np.zeros(n, dtype=np.bool_), np.ones(n, dtype=np.bool_), infos))
+                restarted.append(k)
+        return results, restarted
 
     def _merge(self, infos: dict, part: dict, rows: range) -> dict:
         return _merge_infos(infos, part, np.arange(len(rows)), np.arange(rows.start, rows.stop), self.num_envs)
@@ -539,7 +610,7 @@ class RayVecEnv(VectorEnv):
         """Calls method `name` of every env (or reads the attribute)."""
         self._check_open()
         return tuple(itertools.chain.from_iterable(
-            self._gather(lambda k, actor: actor.call.remote(name, args, kwargs))))
+            self._fan_out(lambda k, actor: actor.call.remote(name, args, kwargs))))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """The attribute `name` of every env."""
@@ -555,8 +626,17 @@ class RayVecEnv(VectorEnv):
             raise ValueError(
                 "Values must be a list or tuple with length equal to the number of environments. "
                 f"Got `{len(values)}` values for {self.num_envs} environments.")
-        self._gather(lambda k, actor: actor.set_attr.remote(
+        self._fan_out(lambda k, actor: actor.set_attr.remote(
             name, list(values[self.slices[k].start:self.slices[k].stop])))
+
+    def _fan_out(self, call: Callable[[int, Any], ray.ObjectRef]) -> list:
+        """`call` on every actor; after a restart, the caller must call again."""
+        try:
+            return self._gather(call)
+        except ActorDiedError as exc:
+            self._restart_or_raise(exc)
+            raise ShmVecError(f"shmvec Ray actor {exc.worker} died during this call and was restarted "
+                              "(its envs reset); call again") from exc
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:
@@ -606,13 +686,15 @@ def register_rllib_env(name: str, env: str | Callable[[dict], gym.Env], **shmvec
     ``env_config``; `shmvec_kwargs` go to each ``ShmVecEnv`` (``num_workers``
     defaults to the env runner's CPUs, ``num_cpus_per_env_runner``, less one).
 
-    Example:
-        >>> from ray.rllib.algorithms.ppo import PPOConfig
-        >>> from shmvec.ray import register_rllib_env
-        >>> register_rllib_env("shmvec-cartpole", "CartPole-v1", start_method="fork")
-        >>> config = (PPOConfig().environment("shmvec-cartpole")
-        ...           .env_runners(num_envs_per_env_runner=8, num_cpus_per_env_runner=2,
-        ...                        gym_env_vectorize_mode="vector_entry_point"))
+    Example (``examples/rllib_ppo.py`` trains PPO this way)::
+
+        from ray.rllib.algorithms.ppo import PPOConfig
+        from shmvec.ray import register_rllib_env
+
+        register_rllib_env("shmvec-cartpole", "CartPole-v1")
+        config = (PPOConfig().environment("shmvec-cartpole")
+                  .env_runners(num_envs_per_env_runner=8, num_cpus_per_env_runner=2,
+                               gym_env_vectorize_mode="vector_entry_point"))
     """
     from ray.tune.registry import register_env
 

@@ -1,0 +1,302 @@
+"""RayVecEnv on a local Ray cluster: the VectorEnv contract of ShmVecEnv
+(SyncVectorEnv's results, in sync and async mode), fan-out of call/get_attr/
+set_attr, actor death as WorkerDiedError, and close() releasing the actors."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from fault_envs import KILL, RAISE, Boom, FaultEnv, actions_for, wait_gone
+from gymnasium import spaces
+from gymnasium.error import ClosedEnvironmentError
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same, run_lockstep
+from test_async import async_trajectories, row_info, sync_trajectories
+
+import shmvec
+from shmvec.testing import SpacesEnv, StragglerEnv
+
+ray = pytest.importorskip("ray")
+
+from shmvec.ray import RayVecEnv
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+# Small and quick: no worker processes, each actor steps its envs itself.
+FAST = {"start_method": "fork", "num_workers": 0}
+
+DICT_TEXT = functools.partial(
+    SpacesEnv,
+    spaces.Dict({"x": spaces.Box(-1, 1, (2,), np.float32), "text": spaces.Text(5),
+                 "id": spaces.Discrete(4)}),
+    spaces.Discrete(3), max_steps=6, terminate_prob=0.1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    # Ray puts the driver's working directory on its workers' path: make it
+    # tests/ (the actors import envs from there), not the repository root,
+    # whose source tree would shadow the installed shmvec.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(TESTS)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def closing():
+    made = []
+    yield made.append
+    for envs in made:
+        envs.close()
+
+
+def cartpole():
+    return gym.make("CartPole-v1")
+
+
+@pytest.mark.parametrize("make, mode", [
+    (cartpole, AutoresetMode.NEXT_STEP),
+    (DICT_TEXT, AutoresetMode.NEXT_STEP),
+    (DICT_TEXT, AutoresetMode.SAME_STEP),
+    (DICT_TEXT, AutoresetMode.DISABLED),
+], ids=["cartpole", "spaces-next", "spaces-same", "spaces-disabled"])
+def test_matches_sync_vector_env(make, mode, closing):
+    # 5 envs on 2 actors: uneven slices (3 and 2).
+    envs = RayVecEnv([make] * 5, 2, autoreset_mode=mode, **FAST)
+    ref = SyncVectorEnv([make] * 5, autoreset_mode=mode)
+    closing(envs), closing(ref)
+    assert envs.num_workers == [0, 0]
+    run_lockstep(envs, ref, steps=60)
+    obs, *_ = envs.step(ref.action_space.sample())
+    for leaf in (obs,) if isinstance(obs, np.ndarray) else (obs["x"], obs["id"]):
+        leaf += 1  # the caller owns its arrays (Ray hands back read-only ones)
+
+
+def test_actor_workers_come_from_ray_cpu_grant(closing):
+    envs = RayVecEnv([cartpole] * 4, 1, actor_options={"num_cpus": 2}, start_method="fork")
+    assert envs.num_workers == [1]  # 2 CPUs: one worker, and the actor steps a slice itself
+    envs.close()  # gives the CPUs back to the cluster
+    async_envs = RayVecEnv([cartpole] * 4, 2, batch_size=2, start_method="fork")
+    closing(async_envs)
+    assert async_envs.num_workers == [1, 1]  # async: the actor only waits
+
+
+def assert_matches_sync(got: list, make, actions: np.ndarray, mode) -> None:
+    """Each env's received steps are the first steps SyncVectorEnv gives it."""
+    longest = max(len(t) for t in got)
+    expected = sync_trajectories(make, len(got), actions[:, :longest], mode)
+    for i, (mine, want) in enumerate(zip(got, expected)):
+        for t, (step, ref) in enumerate(zip(mine, want)):
+            assert_same(step[0], ref[0], f"env {i} step {t} obs")
+            assert (float(step[1]), bool(step[2]), bool(step[3])) == (float(ref[1]), bool(ref[2]), bool(ref[3]))
+            assert_same(step[4], ref[4], f"env {i} step {t} info")
+
+
+SPACES_ENV = functools.partial(SpacesEnv, max_steps=5, terminate_prob=0.2)
+
+
+@pytest.mark.parametrize("num_envs, batch, mode", [
+    (6, 2, AutoresetMode.NEXT_STEP),
+    (8, 3, AutoresetMode.SAME_STEP),  # batches that split an actor's results
+], ids=["6x2-next", "8x3-same"])
+def test_async_each_env_trajectory_matches_sync(num_envs, batch, mode, closing):
+    rounds = 40
+    actions = np.random.default_rng(0).integers(0, 3, size=(num_envs, rounds))
+    envs = RayVecEnv([SPACES_ENV] * num_envs, 2, batch_size=batch, autoreset_mode=mode,
+                     start_method="fork", num_workers=1)
+    closing(envs)
+    got, order = async_trajectories(envs, actions, rounds)  # asserts batch_size distinct ids per recv
+    assert all(len(ids) == batch for ids in order)
+    assert sum(len(t) for t in got) == rounds * batch
+    assert_matches_sync(got, SPACES_ENV, actions, mode)
+
+
+def test_async_caller_may_hold_envs_back(closing):
+    # Envs held by the caller leave actors with fewer envs in flight than
+    # they return at a time: recv() must ask for those and never wait forever.
+    num_envs, batch, rounds = 8, 3, 60
+    rng = np.random.default_rng(1)
+    actions = rng.integers(0, 3, size=(num_envs, rounds))
+    envs = RayVecEnv([SPACES_ENV] * num_envs, 2, batch_size=batch, start_method="fork", num_workers=1)
+    closing(envs)
+    got, held = [[] for _ in range(num_envs)], []
+    envs.async_reset(seed=0)
+    for _ in range(rounds):
+        obs, rew, term, trunc, infos = envs.recv()
+        ids = infos["env_id"]
+        assert len(set(ids.tolist())) == batch
+        for k, i in enumerate(ids):
+            got[i].append((obs[k], rew[k], term[k], trunc[k], row_info(infos, k)))
+        held += ids.tolist()
+        rng.shuffle(held)
+        # Send back some of the held envs, at least enough for the next recv().
+        count = max(batch - (num_envs - len(held)), int(rng.integers(0, len(held) + 1)))
+        sent, held = held[:count], held[count:]
+        if sent:
+            envs.send(np.array([actions[i, len(got[i]) - 1] for i in sent]), sent)
+    assert_matches_sync(got, SPACES_ENV, actions, AutoresetMode.NEXT_STEP)
+
+
+def test_slow_actor_does_not_stall_the_rest(closing):
+    fast = functools.partial(StragglerEnv, base_ms=0.5, slow_prob=0)
+    slow = functools.partial(StragglerEnv, base_ms=300, slow_prob=0)
+    envs = RayVecEnv([fast] * 4 + [slow] * 4, 2, batch_size=2, start_method="fork", num_workers=1)
+    closing(envs)
+    envs.async_reset(seed=0)
+    counts = np.zeros(8, dtype=int)
+    start = time.monotonic()
+    for _ in range(40):
+        _, _, _, _, infos = envs.recv()
+        ids = infos["env_id"]
+        counts[ids] += 1
+        envs.send(np.zeros(len(ids), dtype=np.int64), ids)
+    assert time.monotonic() - start < 3  # lock-step over both actors would take 40 x 0.3 s
+    assert counts[:4].sum() > 3 * counts[4:].sum(), counts
+
+
+def test_async_misuse_is_an_error(closing):
+    envs = RayVecEnv([cartpole] * 4, 2, batch_size=2, start_method="fork", num_workers=1)
+    closing(envs)
+    with pytest.raises(RuntimeError, match="send"):
+        envs.step(np.zeros(4, dtype=np.int64))
+    with pytest.raises(RuntimeError, match="in flight"):
+        envs.recv()
+    envs.async_reset(seed=0)
+    with pytest.raises(ValueError, match="not yet received"):
+        envs.send(np.zeros(1, dtype=np.int64), [0])
+    ids = envs.recv()[4]["env_id"]
+    with pytest.raises(ValueError, match="shape"):
+        envs.send(np.zeros(3, dtype=np.int64), ids)
+    with pytest.raises(ValueError, match="repeated"):
+        envs.send(np.zeros(2, dtype=np.int64), [ids[0], ids[0]])
+    with pytest.raises(TypeError, match="dtype"):
+        envs.send(np.zeros(2, dtype=np.float64), ids)
+    envs.send(np.zeros(2, dtype=np.int64), ids)
+    with pytest.raises(ValueError, match="in flight"):
+        envs.send(np.zeros(2, dtype=np.int64), ids)
+    rest = envs.recv()[4]["env_id"]  # reset results come first
+    stepped = envs.recv()[4]["env_id"]
+    assert sorted(rest.tolist() + ids.tolist()) == [0, 1, 2, 3]
+    assert sorted(stepped.tolist()) == sorted(ids.tolist())
+
+
+def test_construction_errors():
+    fns = [cartpole] * 4
+    with pytest.raises(ValueError, match="num_actors"):
+        RayVecEnv(fns, 5)
+    with pytest.raises(ValueError, match="2 envs per actor"):
+        RayVecEnv(fns, 3, batch_size=2)
+    with pytest.raises(ValueError, match="batch_size"):
+        RayVecEnv(fns, 2, batch_size=0)
+    with pytest.raises(TypeError, match="no_such_option"):  # raised by the actors' ShmVecEnv
+        RayVecEnv(fns, 2, no_such_option=1)
+
+
+def test_call_get_attr_set_attr_render(closing):
+    make = functools.partial(SpacesEnv, render_mode="rgb_array")
+    envs = RayVecEnv([make] * 5, 2, **FAST)
+    ref = SyncVectorEnv([make] * 5)
+    closing(envs), closing(ref)
+    envs.reset(seed=3), ref.reset(seed=3)
+    assert envs.np_random_seed == ref.np_random_seed == (3, 4, 5, 6, 7)
+    assert envs.get_attr("max_steps") == (20,) * 5
+    envs.set_attr("max_steps", [1, 2, 3, 4, 5])
+    assert envs.get_attr("max_steps") == (1, 2, 3, 4, 5)
+    envs.set_attr("terminate_prob", 0.0)
+    assert envs.get_attr("terminate_prob") == (0.0,) * 5
+    with pytest.raises(ValueError, match="length"):
+        envs.set_attr("max_steps", [1, 2])
+    frames = envs.render()
+    assert len(frames) == 5 and frames[0].shape == (8, 8, 3)
+    assert_same(envs.call("render"), ref.call("render"))
+    assert envs.spec is None and envs.render_mode == "rgb_array"
+
+
+def test_env_error_reaches_caller_and_reset_recovers(closing):
+    envs = RayVecEnv([FaultEnv] * 4, 2, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    with pytest.raises(Boom):
+        envs.step(actions_for(4, row=3, action=RAISE))
+    with pytest.raises(RuntimeError, match="reset"):
+        envs.step(actions_for(4))
+    obs, _ = envs.reset(seed=0)
+    assert obs.shape == (4, 2)
+    envs.step(actions_for(4))
+
+
+@pytest.mark.parametrize("batch_size", [None, 2], ids=["sync", "async"])
+def test_actor_death_raises_worker_died_error(batch_size, closing):
+    # Without workers of its own, the env runs in the actor: KILL kills the actor.
+    envs = RayVecEnv([FaultEnv] * 4, 2, batch_size=batch_size, start_method="fork",
+                     num_workers=None if batch_size else 0, caller_steps=not batch_size)
+    closing(envs)
+    if batch_size is None:
+        envs.reset(seed=0)
+        call = functools.partial(envs.step, actions_for(4, row=3, action=KILL))
+    else:
+        envs.async_reset(seed=0)
+        for _ in range(2):
+            envs.recv()
+        ray.kill(envs._actors[1])  # as a lost node would
+        call = functools.partial(envs.send, actions_for(4)[:2], [2, 3])
+        call()
+        call = envs.recv
+    start = time.monotonic()
+    with pytest.raises(shmvec.WorkerDiedError, match=r"actor 1 \(envs 2\.\.3\) died") as info:
+        call()
+    assert time.monotonic() - start < 10
+    assert info.value.worker == 1 and info.value.env_indices == range(2, 4)
+    envs.close()  # quietly, the dead actor included
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)
+def test_dead_actor_is_restarted(mode, closing):
+    envs = RayVecEnv([FaultEnv] * 4, 2, autoreset_mode=mode, restart_failed_workers=True, max_restarts=1, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    envs.step(actions_for(4))
+    # FaultEnv observes the steps since its reset; KILL kills the actor that steps env 3.
+    obs, rewards, terminations, truncations, infos = envs.step(actions_for(4, row=3, action=KILL))
+    assert obs[:, 0].tolist() == [2, 2, 0, 0]  # actor 1's envs rebuilt and reset
+    assert rewards.tolist() == [1, 1, 0, 0] and not terminations.any()
+    assert truncations.tolist() == [False, False, True, True]
+    assert infos["_shmvec_restarted"].tolist() == [False, False, True, True]
+    if mode is AutoresetMode.SAME_STEP:  # the last observation the caller saw
+        assert [o[0] for o in infos["final_obs"][2:]] == [1, 1] and infos["_final_info"].tolist() == [0, 0, 1, 1]
+    obs, *_ = envs.step(actions_for(4))
+    assert obs[:, 0].tolist() == [3, 3, 1, 1]  # not reset again
+    with pytest.raises(shmvec.WorkerDiedError, match=r"actor 1 .*restart budget"):
+        envs.step(actions_for(4, row=2, action=KILL))
+
+
+def actor_pids(envs) -> list[int]:
+    return ray.get([actor.__ray_call__.remote(lambda _: os.getpid()) for actor in envs._actors])
+
+
+def test_close_releases_actors():
+    envs = RayVecEnv([cartpole] * 4, 2, start_method="fork", num_workers=1)
+    actors, pids = list(envs._actors), actor_pids(envs)
+    envs.reset(seed=0)
+    envs.close()
+    envs.close()  # idempotent
+    with pytest.raises(ClosedEnvironmentError):
+        envs.step(np.zeros(4, dtype=np.int64))
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actors[0].call.remote("spec", (), {}))
+    assert wait_gone(pids, timeout=10) == []
+
+
+def test_import_shmvec_does_not_import_ray():
+    code = "import sys, shmvec; assert 'ray' not in sys.modules; import shmvec.ray; assert 'ray' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=TESTS)
