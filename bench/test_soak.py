@@ -14,6 +14,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 from shmvec import ShmVecEnv
 from shmvec.measure import tree_memory
@@ -29,6 +30,7 @@ def resources() -> dict:
             "fds": len(os.listdir("/proc/self/fd"))}
 
 
+@pytest.mark.timeout(SECONDS + 300)
 def test_soak():
     make = functools.partial(SpacesEnv, max_steps=50, terminate_prob=0.02)  # infos on about half the steps
     envs = ShmVecEnv([make] * 32, restart_failed_workers=True, max_restarts=1000, timeout=30)

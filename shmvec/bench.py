@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=_workers, default=None, metavar="N",
                         help="shmvec worker processes (default: shmvec's, one per usable CPU "
                              "less the caller, which steps a slice itself)")
+    parser.add_argument("--pin-workers", action="store_true",
+                        help="pin shmvec's workers to distinct CPUs (faster on a machine "
+                             "that runs nothing else; see the README)")
     parser.add_argument("--backends", type=_backends, default=list(PEERS), metavar="NAME,...",
                         help=f"what to compare (default: all that are installed: {','.join(PEERS)})")
     parser.add_argument("--seconds", type=_positive, default=DEFAULT_SECONDS, metavar="S",
@@ -83,9 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE.json", help="write the results as JSON")
 
 
-def _measure(peer: str, spec: str, num_envs: int, workers: int | None, seconds: float) -> dict:
+def _measure(peer: str, spec: str, num_envs: int, workers: int | None, pin: bool, seconds: float) -> dict:
     """One measurement, run in a fresh process."""
-    options = {"num_workers": workers} if peer == "shmvec" else {}
+    options = {"num_workers": workers, "pin_workers": pin} if peer == "shmvec" else {}
     envs = build(peer, spec, num_envs, **options)
     try:
         rate = vector_rate(envs, num_envs, seconds)
@@ -231,7 +234,8 @@ def _measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
     results = []
     for spec, name, n in jobs:
         if spec in singles:
-            measured = attempt(f"{spec}: {name} x{n}", _measure, name, spec, n, args.workers, args.seconds)
+            measured = attempt(f"{spec}: {name} x{n}", _measure, name, spec, n, args.workers,
+                               args.pin_workers, args.seconds)
             if measured is not None:
                 results.append({"env": spec, "backend": name, "num_envs": n, **measured})
     progress.clear()
@@ -258,7 +262,8 @@ def run(args: argparse.Namespace) -> int:
         report = {
             "date": date, "machine": machine, "usable_cpus": cpus, "shmvec": shmvec.__version__,
             "settings": {"envs": specs, "num_envs": args.num_envs, "backends": args.backends,
-                         "workers": args.workers, "seconds": args.seconds},
+                         "workers": args.workers, "pin_workers": args.pin_workers,
+                         "seconds": args.seconds},
             "single_env_steps_per_s": singles, "machine_limit": limits,
             "results": rows, "notes": notes,
         }

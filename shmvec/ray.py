@@ -22,6 +22,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 from ray.exceptions import RayActorError
 
+from shmvec.contract import checked_reset_mask, per_env_values, seeds_for
 from shmvec.engine import split_slices
 from shmvec.errors import ShmVecError, WorkerDiedError
 from shmvec.layout import flattener, leaves_of, unflattener
@@ -398,11 +399,11 @@ class RayVecEnv(VectorEnv):
         the batched observations and infos, as ``SyncVectorEnv`` does."""
         self._check_open()
         self._check_sync("reset", "async_reset")
-        seeds = ShmVecEnv._seeds(self, seed)
+        seeds = seeds_for(seed, self.num_envs)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         given, options = options, dict(options or {})
-        mask = ShmVecEnv._reset_mask(self, options.pop("reset_mask")) if "reset_mask" in options else None
+        mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs) if "reset_mask" in options else None
         actors = [k for k, rows in enumerate(self.slices) if mask is None or mask[rows.start:rows.stop].any()]
 
         def reset(k, actor):
@@ -487,7 +488,7 @@ class RayVecEnv(VectorEnv):
         ``batch_size`` envs at a time (rewards 0, flags False)."""
         self._check_open()
         self._check_async("async_reset")
-        seeds = ShmVecEnv._seeds(self, seed)
+        seeds = seeds_for(seed, self.num_envs)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         if self._calls:  # let them land (each actor's ShmVecEnv drops what is still in flight)
@@ -620,12 +621,7 @@ class RayVecEnv(VectorEnv):
         """Sets `name` on every env: one value each if `values` is a list or
         tuple, else the same value for all."""
         self._check_open()
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(
-                "Values must be a list or tuple with length equal to the number of environments. "
-                f"Got `{len(values)}` values for {self.num_envs} environments.")
+        values = per_env_values(values, self.num_envs)
         self._fan_out(lambda k, actor: actor.set_attr.remote(
             name, list(values[self.slices[k].start:self.slices[k].stop])))
 

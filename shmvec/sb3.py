@@ -97,6 +97,7 @@ class ShmVecEnv(VecEnv):
         self.closed = False
         self.num_workers = self._engine.num_workers
         self._io = BatchIO(self._engine, copy=True)
+        self._last_observations: list | None = None  # kept only with restarts
         self._object_actions: list | None = None
         self._waiting = False
         description = self._engine.description
@@ -243,6 +244,7 @@ class ShmVecEnv(VecEnv):
         if self.closed:
             return
         self.closed = True
+        self._io = None  # its views would keep the arena mapped
         self._engine.close(terminate=terminate)
 
     def _check_open(self) -> None:

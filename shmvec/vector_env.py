@@ -16,6 +16,7 @@ from shmvec.engine import Engine
 from shmvec.env_slice import AUTORESET_CODES
 from shmvec.errors import ShmVecError
 from shmvec.batch_io import BatchIO
+from shmvec.contract import checked_reset_mask, per_env_values, seeds_for
 
 __all__ = ["ShmVecEnv"]
 
@@ -153,6 +154,7 @@ class ShmVecEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
         self._io = BatchIO(engine, copy=self.copy)
+        self._last_observations: list | None = None  # kept only with restarts under SAME_STEP
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._reset_required: str | None = None
         # Async mode: envs sent and not yet received; envs reset by
@@ -173,14 +175,14 @@ class ShmVecEnv(VectorEnv):
         the batched observations and infos, as ``SyncVectorEnv`` does."""
         self._check_open()
         self._check_sync("reset", "async_reset")
-        seeds = self._seeds(seed)
+        seeds = seeds_for(seed, self.num_envs)
         mask = None
         if options is not None:
             if not isinstance(options, dict):
                 raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
             if "reset_mask" in options:
                 options = dict(options)
-                mask = self._reset_mask(options.pop("reset_mask"))
+                mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs)
         records = self._run(lambda: self._engine.reset(seeds, options, mask))
         self._keep_last_observations()
         if mask is None:
@@ -231,7 +233,7 @@ class ShmVecEnv(VectorEnv):
         """Resets every env and returns at once; ``recv()`` then returns the
         reset observations ``batch_size`` envs at a time (rewards 0, flags False)."""
         self._check_open()
-        seeds = self._seeds(seed)
+        seeds = seeds_for(seed, self.num_envs)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         in_flight = int(self._in_flight.sum())
@@ -352,42 +354,6 @@ class ShmVecEnv(VectorEnv):
                 infos = self._add_info(infos, info, row)
         return infos
 
-    def _seeds(self, seed: Any) -> list:
-        if seed is None:
-            return [None] * self.num_envs
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            return [int(seed) + i for i in range(self.num_envs)]
-        if not isinstance(seed, (list, tuple, np.ndarray)):
-            raise TypeError(f"seed must be None, an int or a list of ints, got {type(seed).__name__}")
-        if len(seed) != self.num_envs:
-            raise ValueError(
-                f"If seeds are passed as a list the length must match num_envs={self.num_envs} "
-                f"but got length={len(seed)}."
-            )
-        out = []
-        for s in seed:
-            if s is not None and (not isinstance(s, (int, np.integer)) or isinstance(s, bool)):
-                raise TypeError(f"each seed must be an int or None, got {s!r}")
-            out.append(None if s is None else int(s))
-        return out
-
-    def _reset_mask(self, reset_mask: Any) -> np.ndarray:
-        # Checks and messages as in SyncVectorEnv.
-        if not isinstance(reset_mask, np.ndarray):
-            raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(reset_mask)}")
-        if reset_mask.shape != (self.num_envs,):
-            raise ValueError(
-                f"`options['reset_mask']` must have shape `({self.num_envs},)`, got {reset_mask.shape}"
-            )
-        if reset_mask.dtype != np.bool_:
-            raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {reset_mask.dtype}")
-        if not np.any(reset_mask):
-            raise ValueError(
-                "`options['reset_mask']` must contain a boolean array with at least one True value, "
-                f"got reset_mask={reset_mask}"
-            )
-        return reset_mask.copy()
-
     # -- the rest of the contract ---------------------------------------------
 
     def render(self) -> tuple[Any, ...]:
@@ -407,14 +373,7 @@ class ShmVecEnv(VectorEnv):
         """Sets `name` on every env: one value each if `values` is a list or
         tuple, else the same value for all."""
         self._check_open()
-        if not isinstance(values, (list, tuple)):
-            values = [values for _ in range(self.num_envs)]
-        if len(values) != self.num_envs:
-            raise ValueError(
-                "Values must be a list or tuple with length equal to the number of environments. "
-                f"Got `{len(values)}` values for {self.num_envs} environments."
-            )
-        self._engine.set_attr(name, list(values))
+        self._engine.set_attr(name, per_env_values(values, self.num_envs))
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:

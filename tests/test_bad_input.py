@@ -24,14 +24,6 @@ from shmvec.testing import SpacesEnv
 FORK = {"start_method": "fork"}
 
 
-@pytest.fixture
-def closing():
-    made = []
-    yield made.append
-    for envs in made:
-        envs.close()
-
-
 def pair(fns, mode=AutoresetMode.NEXT_STEP, **kwargs):
     kwargs = {"num_workers": 1, "caller_steps": True, **FORK, **kwargs}
     return shmvec.ShmVecEnv(fns, autoreset_mode=mode, **kwargs), SyncVectorEnv(fns, autoreset_mode=mode)

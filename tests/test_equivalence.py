@@ -62,14 +62,6 @@ def pair(make, num_envs, mode=AutoresetMode.NEXT_STEP, **kwargs):
     return shmvec.ShmVecEnv(fns, autoreset_mode=mode, **kwargs), SyncVectorEnv(fns, autoreset_mode=mode)
 
 
-@pytest.fixture
-def closing():
-    made = []
-    yield made.append
-    for envs in made:
-        envs.close()
-
-
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_classic_control(env_id, mode, closing):

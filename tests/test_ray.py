@@ -52,14 +52,6 @@ def cluster():
     ray.shutdown()
 
 
-@pytest.fixture
-def closing():
-    made = []
-    yield made.append
-    for envs in made:
-        envs.close()
-
-
 def cartpole():
     return gym.make("CartPole-v1")
 
