@@ -48,11 +48,12 @@ def default_num_workers(num_envs: int, caller_steps: bool) -> int:
 
 
 def split_slices(num_envs: int, num_slices: int) -> list[range]:
-    """Contiguous slices whose sizes differ by at most one."""
+    """Contiguous slices whose sizes differ by at most one; the larger ones
+    last, so that the caller, which also runs the front end, gets a small one."""
     base, extra = divmod(num_envs, num_slices)
     out, start = [], 0
     for k in range(num_slices):
-        size = base + (1 if k < extra else 0)
+        size = base + (1 if k >= num_slices - extra else 0)
         out.append(range(start, start + size))
         start += size
     return out
