@@ -7,7 +7,13 @@ import math
 import os
 import sys
 
-__all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu"]
+__all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu", "PARENT_ONLY_FDS"]
+
+# Fds that only the front end may hold (parent-pipe write ends, CPU
+# reservations) of every live engine in this process. A child made by fork
+# inherits them all; it must close them, or it would keep a dead front end
+# "alive" for other workers, or keep CPUs reserved after their engine closed.
+PARENT_ONLY_FDS: set[int] = set()
 
 IS_LINUX = sys.platform.startswith("linux")
 

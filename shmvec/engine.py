@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import threading
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +17,8 @@ import numpy as np
 
 from shmvec import _core
 from shmvec import protocol as P
-from shmvec._system import IS_LINUX, allowed_cpu_ids, usable_cpus
+from shmvec._system import IS_LINUX, PARENT_ONLY_FDS, allowed_cpu_ids, usable_cpus
+from shmvec.cpus import choose_cpus
 from shmvec.env_slice import EnvSlice, make_envs
 from shmvec.errors import RemoteTraceback, ShmVecError, WorkerDiedError
 from shmvec.layout import DataLayout
@@ -34,10 +33,6 @@ REPLY_CAPACITY = 1024 * 1024  # virtual until touched: pages are allocated on fi
 RECORD_CAPACITY = 8 * 1024  # per env, for async records (infos); larger ones are fetched
 CLOSE_GRACE_S = 5.0
 
-# CPUs taken by pinned workers of live engines in this process, so that a
-# second vector env (train and eval) does not pile onto the same cores.
-_pinned_cpus: Counter[int] = Counter()
-_pinned_lock = threading.Lock()
 
 
 def default_num_workers(num_envs: int, caller_steps: bool) -> int:
@@ -59,43 +54,17 @@ def split_slices(num_envs: int, num_slices: int) -> list[range]:
     return out
 
 
-def _take_cpus(count: int, pin: bool | Sequence[int]) -> list[int | None]:
-    if pin is False or count == 0:
-        return [None] * count
-    with _pinned_lock:
-        if pin is True:
-            allowed = allowed_cpu_ids()
-            # least-used CPUs first, then from the top (CPU 0 takes most interrupts)
-            chosen = sorted(allowed, key=lambda c: (_pinned_cpus[c], -c))[:count]
-            chosen = [chosen[k % len(chosen)] for k in range(count)]
-        else:
-            chosen = list(pin)[:count]
-            if len(chosen) < count:
-                raise ValueError(f"pin_workers lists {len(chosen)} CPUs for {count} workers")
-        _pinned_cpus.update(chosen)
-    return chosen
-
-
 def _check_pin_workers(pin: Any) -> None:
-    if isinstance(pin, bool):
+    if isinstance(pin, bool) or pin == "auto":
         return
     if not isinstance(pin, Sequence) or isinstance(pin, str):
-        raise TypeError(f"pin_workers must be False, True or a list of CPU ids, got {pin!r}")
+        raise TypeError(f"pin_workers must be \"auto\", False, True or a list of CPU ids, got {pin!r}")
     allowed = set(allowed_cpu_ids())
     for cpu in pin:
         if isinstance(cpu, bool) or not isinstance(cpu, (int, np.integer)):
             raise TypeError(f"pin_workers must list CPU ids (ints), got {cpu!r}")
         if cpu not in allowed:
             raise ValueError(f"pin_workers lists CPU {cpu}, but this process may only run on CPUs {sorted(allowed)}")
-
-
-def _release_cpus(cpus: list[int | None]) -> None:
-    with _pinned_lock:
-        for c in cpus:
-            if c is not None:
-                _pinned_cpus[c] -= 1
-                if _pinned_cpus[c] <= 0:
-                    del _pinned_cpus[c]
 
 
 def _raise_remote(error: P.RemoteError) -> None:
@@ -114,7 +83,7 @@ class Engine:
         *,
         num_workers: int | None = None,
         caller_steps: bool = True,
-        pin_workers: bool | Sequence[int] = False,
+        pin_workers: bool | str | Sequence[int] = "auto",
         start_method: str | None = None,
         autoreset_code: int = 0,
         timeout: float | None = None,
@@ -183,6 +152,7 @@ class Engine:
         self._cpus: list[int | None] = []
         self._caller: EnvSlice | None = None
 
+        self._caller_steps = bool(caller_steps)
         slices = split_slices(self.num_envs, num_slices)
         caller_rows = slices.pop(0) if caller_steps else None
         self.worker_rows = slices
@@ -225,7 +195,11 @@ class Engine:
         # The parent-alive pipe: workers get the read end; only we hold the
         # write end. We keep the read end too, for workers started later.
         self._fds[2], self._fds[0] = os.pipe()
-        self._cpus[:] = _take_cpus(w, pin_workers)
+        PARENT_ONLY_FDS.add(self._fds[0])
+        cpus, locks = choose_cpus(w, pin_workers, leave_free=1 if self._caller_steps else 0)
+        self._cpus[:] = cpus
+        self._fds += locks  # closed at shutdown, which frees the CPUs
+        PARENT_ONLY_FDS.update(locks)
         self._factories = [cloudpickle.dumps([env_fns[i] for i in rows]) for rows in self.worker_rows]
         for k in range(w):
             self._processes.append(self._spawn(k))
@@ -242,7 +216,7 @@ class Engine:
             index=k, num_workers=self.num_workers, first_row=self.worker_rows[k].start,
             factories=self._factories[k], arena=FdHandle(self._fds[1]), fixed_size=self._fixed_size,
             request_capacity=REQUEST_CAPACITY, reply_capacity=REPLY_CAPACITY,
-            parent_alive=FdHandle(self._fds[2]), parent_write_fd=self._fds[0],
+            parent_alive=FdHandle(self._fds[2]),
             start_method=self.start_method, cpu=self._cpus[k],
         )
         p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=True)
@@ -598,6 +572,7 @@ def _shutdown(processes: list, cpus: list, fds: list[int], grace: float) -> None
     gives workers `grace` seconds in all, then kills what is left."""
     for k, fd in enumerate(fds):
         if fd >= 0:
+            PARENT_ONLY_FDS.discard(fd)
             os.close(fd)
             fds[k] = -1
     deadline = time.monotonic() + grace
@@ -609,5 +584,4 @@ def _shutdown(processes: list, cpus: list, fds: list[int], grace: float) -> None
             p.join(timeout=CLOSE_GRACE_S)
         p.close()
     processes.clear()
-    _release_cpus(cpus)
     cpus.clear()

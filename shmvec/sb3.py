@@ -45,7 +45,8 @@ class ShmVecEnv(VecEnv):
             when the caller steps a slice itself.
         caller_steps: the calling process steps one slice of envs itself while
             the workers step the rest (best on few cores).
-        pin_workers: ``False``, ``True`` or a list of CPU ids.
+        pin_workers: ``"auto"`` (default), ``False``, ``True`` or a list of CPU ids
+            (as for ``shmvec.ShmVecEnv``).
         start_method: ``"forkserver"`` (default), ``"fork"`` or ``"spawn"``.
         timeout: seconds any wait for workers may take before ``TimeoutError``.
 
@@ -70,7 +71,7 @@ class ShmVecEnv(VecEnv):
         *,
         num_workers: int | None = None,
         caller_steps: bool = True,
-        pin_workers: bool | Sequence[int] = False,
+        pin_workers: bool | str | Sequence[int] = "auto",
         start_method: str | None = None,
         timeout: float | None = None,
         restart_failed_workers: bool = False,

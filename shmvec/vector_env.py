@@ -62,8 +62,10 @@ class ShmVecEnv(VectorEnv):
         caller_steps: the calling process steps one slice of envs itself while
             the workers step the rest, instead of idling (best on few cores).
             With ``num_workers=0`` every env steps in the caller.
-        pin_workers: ``False``, ``True`` (one distinct CPU per worker, avoiding
-            CPUs taken by other shmvec envs in this process) or a list of CPU ids.
+        pin_workers: ``"auto"`` (pin each worker to its own CPU when every
+            worker gets one that no other shmvec env, of this program or
+            another, holds, leaving one for the caller), ``True`` (pin,
+            sharing CPUs if too few are free), ``False``, or a list of CPU ids.
         start_method: ``"forkserver"`` (default, with numpy and gymnasium
             preloaded), ``"fork"`` or ``"spawn"``.
         autoreset_mode: an ``AutoresetMode`` or its value as a string.
@@ -97,7 +99,7 @@ class ShmVecEnv(VectorEnv):
         *,
         num_workers: int | None = None,
         caller_steps: bool | None = None,
-        pin_workers: bool | Sequence[int] = False,
+        pin_workers: bool | str | Sequence[int] = "auto",
         start_method: str | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         copy: bool = True,

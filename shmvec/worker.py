@@ -18,7 +18,7 @@ import numpy  # noqa: F401
 
 from shmvec import _core
 from shmvec import protocol as P
-from shmvec._system import pin_to_cpu
+from shmvec._system import PARENT_ONLY_FDS, pin_to_cpu
 from shmvec.env_slice import EnvSlice, make_envs
 from shmvec.layout import DataLayout
 
@@ -55,7 +55,6 @@ class WorkerSpec:
     request_capacity: int
     reply_capacity: int
     parent_alive: FdHandle  # read end of a pipe only the front end writes to
-    parent_write_fd: int  # the write end, to close in a forked child
     start_method: str
     cpu: int | None
 
@@ -81,7 +80,11 @@ def main(spec: WorkerSpec) -> None:
     # Ctrl-C reaches the whole process group; the front end decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.start_method == "fork":
-        os.close(spec.parent_write_fd)  # else we would keep our own parent "alive"
+        # Else we would keep our own (or another engine's) front end "alive",
+        # and CPUs reserved after their engine closed.
+        for fd in PARENT_ONLY_FDS:
+            os.close(fd)
+        PARENT_ONLY_FDS.clear()
     if spec.cpu is not None:
         pin_to_cpu(spec.cpu)
     _limit_threads()

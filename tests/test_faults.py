@@ -729,3 +729,31 @@ def test_interpreter_exit_without_close_is_prompt(start_method, tmp_path):
     assert len(workers) == 2
     assert wait_gone(workers) == []
     assert elapsed < 5, f"the interpreter took {elapsed:.1f} s to exit with an unclosed vector env"
+
+
+def test_pinned_workers_of_two_envs_take_distinct_cpus_and_free_them():
+    """pin_workers=True reserves CPUs across vector envs (and programs):
+    a second env avoids the first one's CPUs while any is free, and closing
+    releases them."""
+    import os as _os
+
+    cpus = sorted(_os.sched_getaffinity(0))
+    first = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=True, pin_workers=True,
+                             start_method="fork")
+    second = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=True, pin_workers=True,
+                              start_method="fork")
+    try:
+        a = _os.sched_getaffinity(first._engine._processes[0].pid)
+        b = _os.sched_getaffinity(second._engine._processes[0].pid)
+        assert len(a) == len(b) == 1
+        if len(cpus) >= 2:
+            assert a != b
+    finally:
+        first.close()
+        second.close()
+    third = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=True, pin_workers=True,
+                             start_method="fork")
+    try:  # the first env's CPU is free again: the highest one is taken first
+        assert _os.sched_getaffinity(third._engine._processes[0].pid) == {cpus[-1]}
+    finally:
+        third.close()
