@@ -33,13 +33,8 @@ GOALS = [
 FORMATS = {"steps_per_s": "{:,.0f} steps/s", "seconds": "{:.3f} s", "pss_mib": "{:,.0f} MiB PSS"}
 
 
-def pytest_addoption(parser):
-    parser.addoption("--pin-workers", action="store_true",
-                     help="pin shmvec's workers to distinct CPUs (the README's setting for a dedicated machine)")
-
-
 @pytest.fixture
-def vector_env(request):
+def vector_env():
     """Builds vector envs (skipping peers that cannot run here) and closes
     them after the test."""
     built = []
@@ -51,8 +46,6 @@ def vector_env(request):
         cap = PEERS[peer].max_envs
         if cap and num_envs > cap:
             pytest.skip(f"{peer} starts a process per env: capped at {cap} envs")
-        if peer == "shmvec" and request.config.getoption("--pin-workers"):
-            kwargs.setdefault("pin_workers", True)
         built.append(build(peer, spec, num_envs, **kwargs))
         return built[-1]
 

@@ -37,10 +37,3 @@ def test_plain_loop(benchmark, case):
     if "steps_per_s" in benchmark.extra_info:
         record(benchmark, case, "limit", CPUS * benchmark.extra_info["steps_per_s"], "steps_per_s")
 
-
-@pytest.mark.parametrize("case", CASES)
-def test_step_pinned(benchmark, vector_env, case):
-    """shmvec with pin_workers=True, next to its default, in the same run."""
-    spec, num_envs = CASES[case]
-    envs = vector_env("shmvec", spec, num_envs, pin_workers=True)
-    time_steps(benchmark, envs, num_envs, case, "shmvec-pinned")

@@ -75,9 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=_workers, default=None, metavar="N",
                         help="shmvec worker processes (default: shmvec's, one per usable CPU "
                              "less the caller, which steps a slice itself)")
-    parser.add_argument("--pin-workers", action="store_true",
-                        help="pin shmvec's workers to distinct CPUs (faster on a machine "
-                             "that runs nothing else; see the README)")
+    parser.add_argument("--no-pin-workers", dest="pin_workers", action="store_false",
+                        help="leave shmvec's workers unpinned (default: pin_workers=\"auto\")")
     parser.add_argument("--backends", type=_backends, default=list(PEERS), metavar="NAME,...",
                         help=f"what to compare (default: all that are installed: {','.join(PEERS)})")
     parser.add_argument("--seconds", type=_positive, default=DEFAULT_SECONDS, metavar="S",
@@ -88,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _measure(peer: str, spec: str, num_envs: int, workers: int | None, pin: bool, seconds: float) -> dict:
     """One measurement, run in a fresh process."""
-    options = {"num_workers": workers, "pin_workers": pin} if peer == "shmvec" else {}
+    options = {"num_workers": workers, "pin_workers": "auto" if pin else False} if peer == "shmvec" else {}
     envs = build(peer, spec, num_envs, **options)
     try:
         rate = vector_rate(envs, num_envs, seconds)
