@@ -274,7 +274,6 @@ class PyWorkerChannel {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "shmvec native core: shared arena, futex signalling, native step loop";
   m.attr("STEP_COMMAND") = kStepCommand;
-  m.attr("WAIT_TIMED_OUT") = static_cast<int>(kTimedOut);
 
   m.def("create_shared_file", [](std::size_t size) {
     int fd = platform::create_shared_file(size);

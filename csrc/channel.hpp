@@ -109,7 +109,6 @@ class FrontChannel {
   std::vector<uint32_t> busy_workers() const;
   const WorkerControl& control_of(uint32_t w) const { return *control(w); }
   std::vector<uint32_t> workers_with_replies() const;
-  void set_spin_limits(int64_t min_ns, int64_t max_ns) { spin_.set_limits(min_ns, max_ns); }
 
   // Async mode.
   void attach_async(AsyncRegion region, std::vector<uint32_t> owner_of_row);

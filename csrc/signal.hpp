@@ -27,10 +27,6 @@ class AdaptiveSpin {
   AdaptiveSpin(int64_t min_ns, int64_t max_ns) : min_ns_(min_ns), max_ns_(max_ns) {}
   int64_t budget_ns() const;
   void observe(int64_t waited_ns);
-  void set_limits(int64_t min_ns, int64_t max_ns) {
-    min_ns_ = min_ns;
-    max_ns_ = max_ns;
-  }
 
  private:
   int64_t min_ns_, max_ns_;

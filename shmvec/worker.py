@@ -20,7 +20,6 @@ from shmvec import _core
 from shmvec import protocol as P
 from shmvec._system import PARENT_ONLY_FDS, pin_to_cpu
 from shmvec.env_slice import EnvSlice, make_envs
-from shmvec.layout import DataLayout
 
 __all__ = ["FdHandle", "WorkerSpec", "main"]
 
