@@ -20,7 +20,7 @@ from shmvec import protocol as P
 from shmvec._system import IS_LINUX, PARENT_ONLY_FDS, allowed_cpu_ids, usable_cpus
 from shmvec.cpus import choose_cpus
 from shmvec.env_slice import EnvSlice, make_envs
-from shmvec.errors import RemoteTraceback, ShmVecError, WorkerDiedError
+from shmvec.errors import RemoteTraceback, ShmVecError, WorkerDiedError, describe_exit
 from shmvec.layout import DataLayout
 from shmvec.worker import FdHandle, WorkerSpec
 from shmvec.worker import main as worker_main
@@ -286,7 +286,7 @@ class Engine:
     def _exit_cause(self, w: int) -> str:
         p = self._processes[w]
         p.join(timeout=1.0)
-        return str(WorkerDiedError(w, self.worker_rows[w], p.exitcode)).split("; ")[0]
+        return f"died, {describe_exit(p.exitcode)}"
 
     def _restart_failed(self) -> list:
         """Replaces failed workers with fresh ones that rebuild their envs

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-__all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError"]
+import signal
+
+__all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError", "describe_exit"]
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a process ended, from multiprocessing's exitcode."""
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
 
 
 class ShmVecError(RuntimeError):
@@ -17,20 +31,9 @@ class WorkerDiedError(ShmVecError):
         self.worker = worker
         self.env_indices = env_indices
         self.exitcode = exitcode
-        if exitcode is None:
-            how = "exit status unknown"
-        elif exitcode < 0:
-            import signal
-
-            try:
-                name = signal.Signals(-exitcode).name
-            except ValueError:
-                name = str(-exitcode)
-            how = f"killed by signal {name}"
-        else:
-            how = f"exit code {exitcode}"
         super().__init__(message or (
-            f"shmvec worker {worker} (envs {env_indices.start}..{env_indices.stop - 1}) died ({how}); "
+            f"shmvec worker {worker} (envs {env_indices.start}..{env_indices.stop - 1}) "
+            f"died ({describe_exit(exitcode)}); "
             "close this vector env and create a new one"
         ))
 
