@@ -284,8 +284,18 @@ def test_close_releases_actors():
     envs.close()  # idempotent
     with pytest.raises(ClosedEnvironmentError):
         envs.step(np.zeros(4, dtype=np.int64))
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actors[0].call.remote("spec", (), {}))
+    # ray.kill is asynchronous: a call may still reach the actor (whose envs
+    # are closed) for a moment; then the actor must be gone.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            ray.get(actors[0].call.remote("spec", (), {}))
+        except ray.exceptions.RayActorError:
+            break
+        except ray.exceptions.RayTaskError as exc:
+            assert isinstance(exc.cause, ClosedEnvironmentError), exc
+        assert time.monotonic() < deadline, "the actor was not released"
+        time.sleep(0.1)
     assert wait_gone(pids, timeout=10) == []
 
 
