@@ -79,7 +79,7 @@ bool is_empty_dict(py::handle obj) { return PyDict_Check(obj.ptr()) && PyDict_GE
 }  // namespace
 
 Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
-                 py::object action_builder, py::list obs_leaves, py::list final_obs_leaves,
+                 py::object action_builder, py::list obs_leaves,
                  py::object obs_flattener, py::array rewards, py::array terminations,
                  py::array truncations, int autoreset_mode, py::object write_fallback)
     : first_row_(first_row),
@@ -99,7 +99,6 @@ Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
     throw std::invalid_argument("an action space of one fixed leaf needs exactly one leaf");
   action_leaf_is_row_ = action_is_single_leaf_ && !action_leaves_[0].row_shape.empty();
   make_leaves(obs_leaves, obs_leaves_, obs_targets_);
-  make_leaves(final_obs_leaves, final_leaves_, final_targets_);
   if (obs_flattener_.is_none() && (obs_targets_.size() != 1 || obs_targets_[0] == nullptr))
     throw std::invalid_argument("an observation space of one fixed leaf needs exactly one leaf");
   auto check_flags = [](py::array& a, const char* kind) {
@@ -217,7 +216,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
   const py::ssize_t row = first_row_ + k;
   failed_row_ = row;
   py::object& env = envs_[k];
-  py::object info, final_info, objects, final_objects;
+  py::object info, final_info, objects, final_obs;
 
   if (mode_ == AutoresetMode::next_step && needs_reset_[k]) {
     py::tuple r = unpack(env.attr(reset_name_)(), 2, row, "reset");
@@ -245,9 +244,10 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
     info = r[4];
     const bool ended = terminated || truncated;
     if (mode_ == AutoresetMode::same_step && ended) {
-      // The terminal observation goes to its own buffer before the reset
-      // overwrites the row.
-      final_objects = write_leaves(final_targets_, row, r[0]);
+      // The terminal observation travels as the env's own object, as
+      // SyncVectorEnv hands it over (a Python int stays an int); it costs
+      // only at episode ends.
+      final_obs = r[0];
       final_info = std::move(info);
       py::tuple reset = unpack(env.attr(reset_name_)(), 2, row, "reset");
       objects = write_leaves(obs_targets_, row, reset[0]);
@@ -262,12 +262,11 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
   const bool has_info = !is_empty_dict(info);
   const bool ended_same_step = static_cast<bool>(final_info);
   const bool has_objects = objects && !objects.is_none();
-  const bool has_final_objects = final_objects && !final_objects.is_none();
-  if (!(has_info || ended_same_step || has_objects || has_final_objects)) return py::none();
+  if (!(has_info || ended_same_step || has_objects)) return py::none();
   py::none none;
   return py::make_tuple(row, has_info ? info : none, ended_same_step,
                         ended_same_step ? final_info : none, has_objects ? objects : none,
-                        has_final_objects ? final_objects : none);
+                        ended_same_step ? final_obs : none);
 }
 
 }  // namespace shmvec

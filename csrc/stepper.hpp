@@ -37,14 +37,14 @@ class Stepper {
   // write_fallback(target, row, value) writes what the fast paths do not
   // handle (casts, validation, errors that name the env).
   Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves, py::object action_builder,
-          py::list obs_leaves, py::list final_obs_leaves, py::object obs_flattener,
+          py::list obs_leaves, py::object obs_flattener,
           py::array rewards, py::array terminations, py::array truncations, int autoreset_mode,
           py::object write_fallback);
 
   // Steps every env of the slice. `object_actions` is None, or a list (one
   // per env) of the action's non-fixed leaves. Returns None when nothing but
   // arrays came out, else a list of records, in row order:
-  //   (row, info or None, ended, final_info, objects or None, final_objects or None)
+  //   (row, info or None, ended, final_info, objects or None, final_obs)
   // `ended` is true when a SAME_STEP episode ended (final_info is then the
   // terminal step's info). Raises the env's own exception; failed_row says where.
   py::object step(py::object object_actions);
@@ -74,8 +74,8 @@ class Stepper {
   bool action_is_single_leaf_;
   bool action_leaf_is_row_;  // the leaf has a shape, so a row view must be copied
   py::object action_builder_;
-  std::vector<ArrayLeaf> obs_leaves_, final_leaves_;
-  std::vector<ArrayLeaf*> obs_targets_, final_targets_;  // nullptr = non-fixed leaf
+  std::vector<ArrayLeaf> obs_leaves_;
+  std::vector<ArrayLeaf*> obs_targets_;  // nullptr = non-fixed leaf
   py::object obs_flattener_;
   double* rewards_;
   bool* terminations_;

@@ -22,7 +22,6 @@ class BatchIO:
         views = engine.views
         self.action_views = views["actions"]
         self.obs_views = views["observations"]
-        self.final_views = views["final_observations"]
         self.rewards = views["rewards"]
         self.terminations = views["terminations"]
         self.truncations = views["truncations"]
@@ -71,6 +70,8 @@ class BatchIO:
     def _write_leaf(self, view: np.ndarray, value: Any, what: str, rows: np.ndarray | None = None) -> None:
         array = value if type(value) is np.ndarray else np.asarray(value)
         shape = view.shape if rows is None else (len(rows), *view.shape[1:])
+        if array.ndim == 0:  # as SyncVectorEnv, which cannot iterate over it
+            raise TypeError(f"{what} must be a batch of shape {shape} ({shape[0]} envs), got the scalar {value!r}")
         if array.shape != shape:
             raise ValueError(f"{what} must have shape {shape} ({shape[0]} envs), got {array.shape}")
         if array.dtype != view.dtype and not np.can_cast(array.dtype, view.dtype, "same_kind"):
@@ -124,18 +125,16 @@ class BatchIO:
         return [view.copy() if view is not None else list(objects)
                 for view, objects in zip(self.obs_views, self._object_obs)]
 
-    def observation(self, row: int, final: bool = False, final_objects: list | None = None,
-                    snapshot: list | None = None) -> Any:
-        """One env's observation, as a copy: its current one, its terminal one
-        (`final`), or the one in a `snapshot`."""
-        views = snapshot if snapshot is not None else self.final_views if final else self.obs_views
-        extra = iter(final_objects or ())
+    def observation(self, row: int, snapshot: list | None = None) -> Any:
+        """One env's observation, as a copy: its current one, or the one in a
+        `snapshot`."""
+        views = snapshot if snapshot is not None else self.obs_views
         values = []
         for k, view in enumerate(views):
             if isinstance(view, list):  # a snapshot of a leaf without a fixed shape
                 values.append(view[row])
             elif view is None:
-                values.append(next(extra) if final else self._object_obs[k][row])
+                values.append(self._object_obs[k][row])
             elif view.ndim > 1 or self._zero_dim[k]:
                 values.append(view[row, ...].copy())  # an array, 0-d for a Box of shape ()
             else:

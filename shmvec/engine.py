@@ -9,23 +9,25 @@ import multiprocessing as mp
 import os
 import time
 import weakref
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
 import numpy as np
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from shmvec import _core
 from shmvec import protocol as P
 from shmvec._system import IS_LINUX, PARENT_ONLY_FDS, allowed_cpu_ids, usable_cpus
 from shmvec.cpus import choose_cpus
 from shmvec.env_slice import EnvSlice, make_envs
-from shmvec.errors import RemoteTraceback, ShmVecError, WorkerDiedError, describe_exit
+from shmvec.errors import RemoteTraceback, ShmVecError, ShmVecTimeoutError, WorkerDiedError, describe_exit
 from shmvec.layout import DataLayout
 from shmvec.worker import FdHandle, WorkerSpec
 from shmvec.worker import main as worker_main
 
-__all__ = ["Engine", "split_slices", "default_num_workers"]
+__all__ = ["Engine", "split_slices", "default_num_workers", "plan_slices"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
 REQUEST_CAPACITY = 64 * 1024
@@ -40,6 +42,30 @@ def default_num_workers(num_envs: int, caller_steps: bool) -> int:
     slots = usable_cpus() - (1 if caller_steps else 0)
     cap = num_envs - (1 if caller_steps else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
+
+
+def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None,
+                async_mode: bool) -> tuple[int, bool]:
+    """(num_workers, caller_steps) for `num_envs` envs.
+
+    Left to shmvec (``None``): one stepping process per CPU, the caller
+    counting as one (it would idle otherwise) except in async mode, where
+    send() must return at once. With an explicit `num_workers`, every worker
+    gets at least one env, and the caller steps a slice of its own only if
+    envs are left after that (unless told otherwise)."""
+    if num_workers is not None and num_workers > num_envs:
+        raise ValueError(f"num_workers={num_workers} is more than the {num_envs} envs: "
+                         "each worker needs at least one env")
+    if caller_steps is None:
+        caller_steps = not async_mode and (num_workers is None or num_workers < num_envs)
+    if num_workers is None:
+        num_workers = default_num_workers(num_envs, caller_steps)
+    if caller_steps and num_workers >= num_envs:
+        raise ValueError(f"caller_steps=True needs an env for the caller besides one per worker: "
+                         f"{num_envs} envs for num_workers={num_workers}")
+    if num_workers == 0 and not caller_steps:
+        raise ValueError("num_workers=0 needs caller_steps=True (someone has to step the envs)")
+    return int(num_workers), bool(caller_steps)
 
 
 def split_slices(num_envs: int, num_slices: int) -> list[range]:
@@ -67,6 +93,50 @@ def _check_pin_workers(pin: Any) -> None:
             raise ValueError(f"pin_workers lists CPU {cpu}, but this process may only run on CPUs {sorted(allowed)}")
 
 
+@dataclass
+class _Command:
+    """A command begun and not yet finished; the caller's slice result is
+    kept so that an interrupted wait can be resumed."""
+
+    code: int
+    caller_fn: Callable[[EnvSlice], Any]
+    plain_step: bool
+    collect: Callable[[Any, list[bytes]], Any] | None  # (caller's result, replies) -> the result
+    caller_done: bool = False
+    caller_result: Any = None
+    caller_error: BaseException | None = None
+
+
+def check_observation_spaces(spaces: list, observation_mode: Any) -> Any:
+    """The single observation space the arena is laid out for, after
+    checking the envs' spaces as SyncVectorEnv does for `observation_mode`
+    ("same", "different", or a (batched, single) pair of spaces)."""
+    if observation_mode == "same":
+        single = spaces[0]
+        for row, space in enumerate(spaces):
+            if space != single:
+                raise RuntimeError(
+                    "ShmVecEnv(..., observation_mode='same') however the sub-environments observation spaces "
+                    f"are not equivalent. single_observation_space={single}, sub-environment {row} "
+                    f"observation_space={space}. If this is intentional, use `observation_mode='different'` instead."
+                )
+        return single
+    single = spaces[0] if observation_mode == "different" else observation_mode[1]
+    for row, space in enumerate(spaces):
+        if not is_space_dtype_shape_equiv(space, single):
+            raise RuntimeError(
+                "ShmVecEnv(..., observation_mode='different' or custom space) however the sub-environments "
+                f"observation spaces do not share a common shape and dtype, single_observation_space={single}, "
+                f"sub-environment {row} observation space={space}"
+            )
+    return single
+
+
+def _still_pending(timeout: float) -> ShmVecTimeoutError:
+    return ShmVecTimeoutError(f"The call timed out after {timeout} second(s); it is still pending: "
+                              "wait for it again (its results are kept), or close() the vector env")
+
+
 def _raise_remote(error: P.RemoteError) -> None:
     exc = error.exc
     exc.__cause__ = RemoteTraceback(f"\n(in shmvec env {error.row})\n{error.tb}")
@@ -82,7 +152,7 @@ class Engine:
         env_fns: Sequence[Callable[[], Any]],
         *,
         num_workers: int | None = None,
-        caller_steps: bool = True,
+        caller_steps: bool | None = None,
         pin_workers: bool | str | Sequence[int] = "auto",
         start_method: str | None = None,
         autoreset_code: int = 0,
@@ -90,6 +160,7 @@ class Engine:
         async_mode: bool = False,
         restart_failed_workers: bool = False,
         max_restarts: int = 10,
+        observation_mode: Any = "same",
     ):
         if not IS_LINUX:
             raise OSError(
@@ -105,8 +176,6 @@ class Engine:
             raise TypeError(f"num_workers must be an int or None, got {num_workers!r}")
         if num_workers is not None and num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if num_workers == 0 and not caller_steps:
-            raise ValueError("num_workers=0 needs caller_steps=True (someone has to step the envs)")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
                 raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
@@ -134,20 +203,15 @@ class Engine:
         self.restarted_rows: list[int] = []
         self.num_envs = len(env_fns)
         self.async_mode = async_mode
-        if num_workers is None:
-            num_workers = default_num_workers(self.num_envs, caller_steps)
-        num_slices = int(num_workers) + (1 if caller_steps else 0)
-        if num_slices > self.num_envs:
-            raise ValueError(
-                f"{num_workers} workers{' and the caller' if caller_steps else ''} need at least "
-                f"{num_slices} envs, got {self.num_envs}"
-            )
-        self.num_workers = int(num_workers)
+        num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode)
+        num_slices = num_workers + (1 if caller_steps else 0)
+        self.num_workers = num_workers
         self.timeout = -1.0 if timeout is None else float(timeout)
         self.start_method = start_method
         self.closed = False
         self.broken: str | None = None  # why the engine can no longer step
         self.caller_interrupted = False  # the caller's slice stopped mid-batch (Ctrl-C)
+        self._command: _Command | None = None  # begun, results not yet collected
         self._processes: list[mp.process.BaseProcess] = []
         self._cpus: list[int | None] = []
         self._caller: EnvSlice | None = None
@@ -166,7 +230,7 @@ class Engine:
             if caller_rows is not None:
                 factories = [env_fns[i] for i in caller_rows]
                 self._caller = EnvSlice(make_envs(factories, caller_rows.start), caller_rows.start)
-            self._describe_and_attach(autoreset_code)
+            self._describe_and_attach(autoreset_code, observation_mode)
         except BaseException:
             try:
                 self.close(terminate=True)
@@ -223,7 +287,7 @@ class Engine:
         p.start()
         return p
 
-    def _describe_and_attach(self, autoreset_code: int) -> None:
+    def _describe_and_attach(self, autoreset_code: int, observation_mode: Any) -> None:
         descriptions = []
         if self._caller is not None:
             descriptions.append(self._caller.describe())
@@ -231,15 +295,24 @@ class Engine:
             replies = self._collect(range(self.num_workers))
             descriptions += [P.loads(r) for r in replies]
         first = descriptions[0]
-        for d in descriptions[1:]:
-            for key in ("observation_space", "action_space"):
-                if d[key] != first[key]:
-                    raise RuntimeError(
-                        f"the envs do not share one {key.replace('_', ' ')}: "
-                        f"{first[key]} and {d[key]}"
-                    )
-        self.description = first
-        obs_space, act_space = first["observation_space"], first["action_space"]
+        observation_spaces = [space for d in descriptions for space in d["observation_spaces"]]
+        action_spaces = [space for d in descriptions for space in d["action_spaces"]]
+        single_obs = check_observation_spaces(observation_spaces, observation_mode)
+        for row, space in enumerate(action_spaces):
+            if space != action_spaces[0]:
+                raise RuntimeError(
+                    f"Some environments have an action space different from `{action_spaces[0]}` "
+                    f"(env {row}: `{space}`). In order to batch actions, the action spaces from all "
+                    "environments must be equal."
+                )
+        self.description = {
+            "observation_space": single_obs,
+            "observation_spaces": observation_spaces,
+            "action_space": action_spaces[0],
+            "metadata": first["metadata"],
+            "render_mode": first["render_mode"],
+        }
+        obs_space, act_space = single_obs, action_spaces[0]
         async_size = 0
         if self.async_mode:
             async_size = _core.async_region_size(self.num_envs, self.num_workers, RECORD_CAPACITY)
@@ -266,9 +339,18 @@ class Engine:
         if self.broken:
             raise ShmVecError(self.broken)
 
-    def _wait(self, restart: bool = False) -> None:
-        code = self._channel.wait(self._sentinels, self.timeout)
-        while code != 0 and restart and self.restart_failed_workers:
+    def _wait(self, restart: bool = False, call_timeout: float | None = None,
+              call_deadline: float | None = None) -> None:
+        """Waits for the posted workers. A call's deadline that comes before
+        the engine's timeout raises ShmVecTimeoutError and leaves the command
+        in flight; the engine's own timeout counts a worker as hung."""
+        limit, by_call = self.timeout, False
+        if call_deadline is not None:
+            left = max(call_deadline - time.monotonic(), 0.0)
+            if limit < 0 or left < limit:
+                limit, by_call = left, True
+        code = self._channel.wait(self._sentinels, limit)
+        while code != 0 and not (code < 0 and by_call) and restart and self.restart_failed_workers:
             # Give up on the failed workers' part of this command, finish
             # waiting for the others; _restart_failed() replaces them after.
             if code > 0:
@@ -280,7 +362,9 @@ class Engine:
                 self._processes[w].kill()
                 self._processes[w].join(timeout=CLOSE_GRACE_S)
                 self._failed.append((w, cause))
-            code = self._channel.wait(self._sentinels, self.timeout)
+            code = self._channel.wait(self._sentinels, limit)
+        if code < 0 and by_call:
+            raise _still_pending(call_timeout)
         self._check_wait(code)
 
     def _exit_cause(self, w: int) -> str:
@@ -323,7 +407,7 @@ class Engine:
             self.broken = (
                 f"a shmvec command timed out after {self.timeout} s; the vector env can only be closed"
             )
-            raise TimeoutError(
+            raise ShmVecTimeoutError(
                 f"shmvec workers did not answer within timeout={self.timeout} s "
                 "(an env may hang); close() the vector env"
             )
@@ -335,7 +419,8 @@ class Engine:
         raise error
 
     def drain(self) -> None:
-        """Finishes a command left in flight (e.g. by KeyboardInterrupt)."""
+        """Waits out (and discards) a command whose results nobody will read:
+        the workers' part of a batch whose caller slice was interrupted."""
         if self.num_workers and self._channel.busy:
             self._wait()
 
@@ -380,12 +465,19 @@ class Engine:
             lens.append(len(data))
         self._channel.post(workers, code, 0, lens)
 
-    def _run(self, code: int, caller_fn: Callable[[EnvSlice], Any], requests: list[bytes] | None = None):
-        """Runs one command on every slice: workers first (so they start at
-        once), then the caller's own slice, then waits for the workers.
-        Returns the caller's result and the workers' replies. Env errors are
-        raised only once every slice is done, so nothing is left in flight."""
+    @property
+    def in_flight(self) -> bool:
+        """A command was begun and its results are still to be collected."""
+        return self._command is not None
+
+    def begin(self, code: int, caller_fn: Callable[[EnvSlice], Any], requests: list[bytes] | None = None,
+              collect: Callable[[Any, list[bytes]], Any] | None = None) -> None:
+        """Starts one command: the workers' part is posted (they start at
+        once); the caller's own slice runs in finish(), so that begin()
+        returns at once, as AsyncVectorEnv's *_async calls do."""
         self.check_usable()
+        if self._command is not None:
+            raise RuntimeError("a shmvec command is already in flight: finish() it first")
         self.drain()
         self.restarted_rows = []
         plain_step = code == P.STEP and requests is None
@@ -394,53 +486,99 @@ class Engine:
                 self._channel.post_step_all()
             else:
                 self._post(code, requests)
-        caller_result, caller_error = None, None
+        self._command = _Command(code, caller_fn, plain_step, collect)
+
+    def finish(self, timeout: float | None = None):
+        """Runs the caller's slice, then waits for the workers; returns the
+        command's result. Env errors are raised only
+        once every slice is done, so nothing is left in flight.
+
+        If `timeout` seconds pass first (``ShmVecTimeoutError``) or the wait is
+        interrupted (``KeyboardInterrupt``), the command stays in flight and
+        finish() may be called again: no result is lost. If the caller's own
+        slice is interrupted, its batch is half done: the command is dropped
+        (``caller_interrupted``) and the workers' part is drained later."""
+        command = self._command
+        if command is None:
+            raise RuntimeError("no shmvec command is in flight")
+        self.check_usable()
         self.caller_interrupted = False
-        if self._caller is not None:
-            try:
-                caller_result = caller_fn(self._caller)
-            except Exception as exc:
-                caller_error = exc
-            except BaseException:  # KeyboardInterrupt: workers finish; drain() waits for them
-                self.caller_interrupted = True
-                raise
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not command.caller_done:
+            command.caller_done = True
+            if self._caller is not None:
+                try:
+                    command.caller_result = command.caller_fn(self._caller)
+                except Exception as exc:
+                    command.caller_error = exc
+                except BaseException:  # KeyboardInterrupt: workers finish; drain() waits for them
+                    self._command = None
+                    self.caller_interrupted = True
+                    raise
+        if deadline is not None and time.monotonic() > deadline:
+            # The caller's own slice took the whole time: the call did not
+            # complete within `timeout`, though its results are not lost.
+            raise _still_pending(timeout)
         replies: list[bytes] = []
         if self.num_workers:
             try:
-                self._wait(restart=True)
+                self._wait(restart=True, call_timeout=timeout, call_deadline=deadline)
+            except (ShmVecTimeoutError, KeyboardInterrupt) as exc:
+                if not self.broken:
+                    raise  # still in flight: finish() may be called again
+                self._command = None
+                raise command.caller_error or exc
+            except Exception:
+                self._command = None
+                if command.caller_error is not None:
+                    raise command.caller_error from None
+                raise
+            self._command = None
+            try:
                 failed = {w for w, _ in self._failed}
                 # On the step path only workers with infos or episode ends reply.
-                if plain_step:
+                if command.plain_step:
                     workers = self._channel.workers_with_replies()
                 else:
                     workers = [w for w in range(self.num_workers) if w not in failed]
                 replies = self._read_replies(workers)
                 if failed:
                     restarted = self._restart_failed()
-                    if code not in (P.STEP, P.RESET):  # their results are lost, not replaced
+                    if command.code not in (P.STEP, P.RESET):  # their results are lost, not replaced
                         raise ShmVecError(f"shmvec workers {sorted(failed)} failed during this call and were "
                                           "restarted (their envs reset); call again")
                     replies.append(P.dumps(restarted))
             except Exception:
-                if caller_error is None:
+                if command.caller_error is None:
                     raise
-        if caller_error is not None:
-            raise caller_error  # the caller's envs come first by index
-        return caller_result, replies
+        self._command = None
+        if command.caller_error is not None:
+            raise command.caller_error  # the caller's envs come first by index
+        if command.collect is None:
+            return None
+        return command.collect(command.caller_result, replies)
 
     # -- the operations front ends use ------------------------------------
+    # Each is begin_X(...) then finish(timeout), or X(...) for both at once;
+    # finish() returns what X returns.
 
-    def step(self, object_actions: list | None = None) -> list:
+    def begin_step(self, object_actions: list | None = None) -> None:
         """Steps every env with the actions already written to the arena
         (`object_actions`: per-env values of action leaves without a fixed
-        shape). Returns the records, in env order, of envs with infos, ended
-        SAME_STEP episodes or observation leaves without a fixed shape."""
+        shape). Its result: the records, in env order, of envs with infos,
+        ended SAME_STEP episodes or observation leaves without a fixed shape."""
         if object_actions is None:
-            caller_records, replies = self._run(P.STEP, lambda s: s.step())
+            self.begin(P.STEP, lambda s: s.step(), collect=self._step_records)
         else:
             requests = [P.dumps([object_actions[i] for i in rows]) for rows in self.worker_rows]
-            caller_records, replies = self._run(
-                P.STEP, lambda s: s.step([object_actions[i] for i in s.rows]), requests)
+            self.begin(P.STEP, lambda s: s.step([object_actions[i] for i in s.rows]), requests,
+                       collect=self._step_records)
+
+    def step(self, object_actions: list | None = None) -> list:
+        self.begin_step(object_actions)
+        return self.finish()
+
+    def _step_records(self, caller_records, replies: list[bytes]) -> list:
         records = self._merge(caller_records, replies)
         if self.restarted_rows:
             # Fresh workers replaced failed ones and reset their envs: to the
@@ -493,7 +631,8 @@ class Engine:
             _raise_remote(record)
         return record
 
-    def reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> list:
+    def begin_reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> None:
+        """Resets the envs (those in `mask`); its result: records like a step's."""
         def part(rows):
             return (
                 [seeds[i] for i in rows],
@@ -502,30 +641,42 @@ class Engine:
             )
 
         requests = [cloudpickle.dumps(part(rows)) for rows in self.worker_rows]
-        caller_records, replies = self._run(P.RESET, lambda s: s.reset(*part(s.rows)), requests)
-        return self._merge(caller_records, replies)
+        self.begin(P.RESET, lambda s: s.reset(*part(s.rows)), requests, collect=self._merge)
 
-    def call(self, name: str, args: tuple = (), kwargs: dict | None = None,
-             rows: Sequence[int] | None = None) -> list:
-        """Calls (or reads) `name` on the envs in `rows` (all by default);
-        results in row order."""
+    def reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> list:
+        self.begin_reset(seeds, options, mask)
+        return self.finish()
+
+    def begin_call(self, name: str, args: tuple = (), kwargs: dict | None = None,
+                   rows: Sequence[int] | None = None) -> None:
+        """Calls (or reads) `name` on the envs in `rows` (all by default); its
+        result: the values in the order of `rows`."""
         kwargs = kwargs or {}
         rowset = None if rows is None else sorted(set(int(r) for r in rows))
         request = cloudpickle.dumps((name, args, kwargs, rowset))
-        caller_result, replies = self._run(
-            P.CALL, lambda s: s.call(name, args, kwargs, rowset), [request] * self.num_workers)
-        results = list(caller_result or [])
-        for data in replies:
-            results.extend(P.loads(data))
-        if rows is not None:  # back to the order (and repeats) the caller asked for
-            by_row = dict(zip(rowset, results))
-            return [by_row[int(r)] for r in rows]
-        return results
+
+        def collect(caller_result, replies):
+            results = list(caller_result or [])
+            for data in replies:
+                results.extend(P.loads(data))
+            if rows is not None:  # back to the order (and repeats) the caller asked for
+                by_row = dict(zip(rowset, results))
+                return [by_row[int(r)] for r in rows]
+            return results
+
+        self.begin(P.CALL, lambda s: s.call(name, args, kwargs, rowset), [request] * self.num_workers,
+                   collect=collect)
+
+    def call(self, name: str, args: tuple = (), kwargs: dict | None = None,
+             rows: Sequence[int] | None = None) -> list:
+        self.begin_call(name, args, kwargs, rows)
+        return self.finish()
 
     def set_attr(self, name: str, values: Sequence[Any]) -> None:
         requests = [cloudpickle.dumps((name, [values[i] for i in rows])) for rows in self.worker_rows]
         caller_rows = self._caller.rows if self._caller is not None else range(0)
-        self._run(P.SET_ATTR, lambda s: s.set_attr(name, [values[i] for i in caller_rows]), requests)
+        self.begin(P.SET_ATTR, lambda s: s.set_attr(name, [values[i] for i in caller_rows]), requests)
+        self.finish()
 
     # -- shutdown -------------------------------------------------------------
 
@@ -536,6 +687,7 @@ class Engine:
         if self.closed:
             return
         self.closed = True
+        self._command = None  # its results are not wanted any more; drain() waits it out
         errors: list[BaseException] = []
         graceful = bool(self._processes) and not terminate and not self.broken
         if graceful:

@@ -62,22 +62,12 @@ class EnvSlice:
         self._flatten_obs = None
 
     def describe(self) -> dict[str, Any]:
-        """Spaces and metadata of the first env; all envs must share the spaces."""
+        """Every env's spaces, and the first env's metadata; the engine checks
+        that the spaces can be batched."""
         first = self.envs[0]
-        for row, env in zip(self.rows, self.envs):
-            if env.observation_space != first.observation_space:
-                raise RuntimeError(
-                    f"env {row} has observation space {env.observation_space}, but env "
-                    f"{self.first_row} has {first.observation_space}; all envs must share one"
-                )
-            if env.action_space != first.action_space:
-                raise RuntimeError(
-                    f"env {row} has action space {env.action_space}, but env "
-                    f"{self.first_row} has {first.action_space}; all envs must share one"
-                )
         return {
-            "observation_space": first.observation_space,
-            "action_space": first.action_space,
+            "observation_spaces": [env.observation_space for env in self.envs],
+            "action_spaces": [env.action_space for env in self.envs],
             "metadata": dict(first.metadata),
             "render_mode": first.render_mode,
         }
@@ -94,7 +84,6 @@ class EnvSlice:
             action_leaves=views["actions"],
             action_builder=None if single_action else _action_builder(action_space, views["actions"]),
             obs_leaves=views["observations"],
-            final_obs_leaves=views["final_observations"],
             obs_flattener=self._flatten_obs,
             rewards=views["rewards"],
             terminations=views["terminations"],

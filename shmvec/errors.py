@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 
-__all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError", "describe_exit"]
+__all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError", "ShmVecTimeoutError", "describe_exit"]
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -22,6 +23,12 @@ def describe_exit(exitcode: int | None) -> str:
 class ShmVecError(RuntimeError):
     """A vector env can no longer step (a worker died, a wait timed out, an
     env failed mid-batch); the message says what to do next."""
+
+
+class ShmVecTimeoutError(multiprocessing.TimeoutError, TimeoutError):
+    """Workers did not answer in time. It is both the builtin ``TimeoutError``
+    and ``multiprocessing.TimeoutError`` (what ``AsyncVectorEnv`` raises), so
+    code written for either catches it."""
 
 
 class WorkerDiedError(ShmVecError):

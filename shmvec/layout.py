@@ -145,7 +145,6 @@ class DataLayout:
         n = num_envs
         self.actions = [self._field(n, leaf) for leaf in self.action_leaves]
         self.observations = [self._field(n, leaf) for leaf in self.observation_leaves]
-        self.final_observations = [self._field(n, leaf) for leaf in self.observation_leaves]
         self.rewards = self._add((n,), np.dtype(np.float64))
         self.terminations = self._add((n,), np.dtype(np.bool_))
         self.truncations = self._add((n,), np.dtype(np.bool_))
@@ -176,7 +175,6 @@ class DataLayout:
         return {
             "actions": [self.view(buffer, f) for f in self.actions],
             "observations": [self.view(buffer, f) for f in self.observations],
-            "final_observations": [self.view(buffer, f) for f in self.final_observations],
             "rewards": self.view(buffer, self.rewards),
             "terminations": self.view(buffer, self.terminations),
             "truncations": self.view(buffer, self.truncations),

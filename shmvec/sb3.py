@@ -9,11 +9,12 @@ import copy
 import operator
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector.utils import concatenate, create_empty_array
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from shmvec import _sb3_env
@@ -128,7 +129,7 @@ class ShmVecEnv(VecEnv):
             if len(groups) > 1:
                 mask = np.zeros(self.num_envs, dtype=np.bool_)
                 mask[rows] = True
-            for row, info, _ended, _final, objects, _final_objects in self._engine.reset(
+            for row, info, _ended, _final, objects, _final_obs in self._engine.reset(
                     list(self._seeds), options, mask):
                 self._io.update_objects(row, objects)
                 self.reset_infos[row] = info or {}
@@ -141,8 +142,22 @@ class ShmVecEnv(VecEnv):
         """Checks the actions (``ValueError`` for a wrong shape or count) and
         writes them to shared memory; ``step_wait`` steps."""
         self._check_open()
-        self._object_actions = self._io.write_actions(actions)
+        self._object_actions = self._io.write_actions(self._batched(actions))
         self._waiting = True
+
+    def _batched(self, actions: Any) -> Any:
+        """SB3 indexes actions by env (``DummyVecEnv`` steps env i with
+        ``actions[i]``): for Dict and Tuple action spaces a list of per-env
+        actions becomes the batch the arena takes."""
+        space = self.action_space
+        per_env = (isinstance(space, gym.spaces.Dict) and not isinstance(actions, Mapping)) or (
+            isinstance(space, gym.spaces.Tuple) and isinstance(actions, (list, np.ndarray)))
+        if not per_env:
+            return actions
+        items = list(actions)
+        if len(items) != self.num_envs:
+            raise ValueError(f"got {len(items)} actions for {self.num_envs} envs")
+        return concatenate(space, items, create_empty_array(space, self.num_envs))
 
     def step_wait(self) -> VecEnvStepReturn:
         """Steps every env; returns fresh (observations, float32 rewards,
@@ -156,7 +171,7 @@ class ShmVecEnv(VecEnv):
         timeouts = (io.truncations & ~io.terminations).tolist()
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in timeouts]
         restarted = set(self._engine.restarted_rows)
-        for row, info, ended, final_info, objects, final_objects in records:
+        for row, info, ended, final_info, objects, final_obs in records:
             io.update_objects(row, objects)
             if row in restarted:  # a fresh worker reset it: this is its reset info
                 self.reset_infos[row] = info or {}
@@ -166,7 +181,7 @@ class ShmVecEnv(VecEnv):
             out = copy.deepcopy(step_info) if step_info else {}
             out["TimeLimit.truncated"] = timeouts[row]
             if ended:
-                out["terminal_observation"] = io.observation(row, final=True, final_objects=final_objects)
+                out["terminal_observation"] = final_obs
                 self.reset_infos[row] = info or {}
             infos[row] = out
         for row in restarted:  # its worker died or hung: the episode was cut short

@@ -7,18 +7,36 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium import Env
+from gymnasium import Env, Space, logger
 from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
-from shmvec.engine import Engine
+from shmvec.engine import CLOSE_GRACE_S, Engine
 from shmvec.env_slice import AUTORESET_CODES
-from shmvec.errors import ShmVecError
+from shmvec.call_state import CallState, PendingCall
+from shmvec.errors import ShmVecError, ShmVecTimeoutError
 from shmvec.batch_io import BatchIO
 from shmvec.contract import checked_reset_mask, per_env_values, seeds_for
 
 __all__ = ["ShmVecEnv"]
+
+
+def _check_observation_mode(mode: Any) -> str | tuple[Space, Space]:
+    """SyncVectorEnv's observation_mode: "same", "different", or a pair
+    (batched space, single space)."""
+    if isinstance(mode, tuple) and len(mode) == 2:
+        if not isinstance(mode[0], Space) or not isinstance(mode[1], Space):
+            raise TypeError(
+                f"Expected both elements of observation_mode to be Spaces, got {type(mode[0])} and {type(mode[1])}"
+            )
+        return mode
+    if isinstance(mode, str) and mode in ("same", "different"):
+        return mode
+    raise ValueError(
+        "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
+        f"observation space, actual got {mode}"
+    )
 
 
 def _autoreset_mode(mode: str | AutoresetMode) -> AutoresetMode:
@@ -107,10 +125,29 @@ class ShmVecEnv(VectorEnv):
         batch_size: int | None = None,
         restart_failed_workers: bool = False,
         max_restarts: int = 10,
+        observation_mode: str | tuple[Space, Space] = "same",
+        context: str | None = None,
+        shared_memory: bool = True,
+        daemon: bool = True,
+        worker: Any = None,
     ):
         super().__init__()
         self.closed = True  # until the engine is up, so __del__/close have nothing to do
+        self._calls = PendingCall()
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        if worker is not None:
+            raise ValueError(
+                "shmvec.ShmVecEnv does not take AsyncVectorEnv's `worker`: its workers step envs in "
+                "native code over shared memory, so a Python worker function has nothing to replace; "
+                "wrap the env instead (gymnasium.Wrapper) to change what a step does"
+            )
+        if context is not None:
+            if start_method is not None and start_method != context:
+                raise ValueError(f"start_method={start_method!r} and context={context!r} disagree; pass one")
+            start_method = context
+        self.shared_memory = bool(shared_memory)  # always shared memory; kept for AsyncVectorEnv's code
+        self.daemon = bool(daemon)  # workers always end with the vector env
+        self.observation_mode = _check_observation_mode(observation_mode)
         try:
             env_fns = list(env_fns)
         except TypeError:
@@ -128,8 +165,6 @@ class ShmVecEnv(VectorEnv):
         async_mode = self.batch_size < num_envs
         if async_mode and self.autoreset_mode is AutoresetMode.DISABLED:
             raise ValueError("autoreset_mode DISABLED is not supported with batch_size < num_envs (async mode)")
-        if caller_steps is None:
-            caller_steps = not async_mode  # the caller must return at once from send() in async mode
         self._engine = Engine(
             env_fns,
             num_workers=num_workers,
@@ -141,6 +176,7 @@ class ShmVecEnv(VectorEnv):
             async_mode=async_mode,
             restart_failed_workers=restart_failed_workers,
             max_restarts=max_restarts,
+            observation_mode=self.observation_mode,
         )
         self.closed = False
         engine = self._engine
@@ -152,13 +188,19 @@ class ShmVecEnv(VectorEnv):
         self.render_mode = description["render_mode"]
         self.single_observation_space = description["observation_space"]
         self.single_action_space = description["action_space"]
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        if self.observation_mode == "same":
+            self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        elif self.observation_mode == "different":
+            self.observation_space = batch_differing_spaces(description["observation_spaces"])
+        else:
+            self.observation_space = self.observation_mode[0]
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
         self._io = BatchIO(engine, copy=self.copy)
         self._last_observations: list | None = None  # kept only with restarts under SAME_STEP
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._reset_required: str | None = None
+        self._reset_mask: np.ndarray | None = None  # of the pending reset
         # Async mode: envs sent and not yet received; envs reset by
         # async_reset() waiting to be received, with their reset records.
         self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
@@ -166,6 +208,8 @@ class ShmVecEnv(VectorEnv):
         self._reset_records: dict[int, tuple] = {}
 
     # -- stepping -----------------------------------------------------------
+    # Each call is a *_async that starts it and a *_wait that collects it, as
+    # in AsyncVectorEnv; reset(), step() and call() do both.
 
     def reset(
         self,
@@ -175,9 +219,19 @@ class ShmVecEnv(VectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         """Resets every env (or those in ``options["reset_mask"]``) and returns
         the batched observations and infos, as ``SyncVectorEnv`` does."""
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def reset_async(
+        self,
+        seed: int | list[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        """Starts resetting the envs; ``reset_wait()`` returns the results."""
         self._check_open()
         self._check_sync("reset", "async_reset")
         seeds = seeds_for(seed, self.num_envs)
+        self._calls.check_idle("reset_async")
         mask = None
         if options is not None:
             if not isinstance(options, dict):
@@ -185,8 +239,17 @@ class ShmVecEnv(VectorEnv):
             if "reset_mask" in options:
                 options = dict(options)
                 mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs)
-        records = self._run(lambda: self._engine.reset(seeds, options, mask))
+        self._begin(CallState.WAITING_RESET, lambda: self._engine.begin_reset(seeds, options, mask))
+        self._reset_mask = mask
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """The results of ``reset_async()``: batched observations and infos.
+        After `timeout` seconds, ``TimeoutError`` (the reset stays pending)."""
+        self._check_open()
+        self._calls.check_waiting(CallState.WAITING_RESET)
+        records = self._finish(timeout)
         self._keep_last_observations()
+        mask = self._reset_mask
         if mask is None:
             self._autoreset_envs[:] = False
             self._reset_required = None
@@ -198,8 +261,15 @@ class ShmVecEnv(VectorEnv):
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env with its action; returns batched (observations,
         rewards, terminations, truncations, infos)."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: Any) -> None:
+        """Hands every env its action and returns at once (the caller's own
+        slice of envs, if any, steps in ``step_wait()``)."""
         self._check_open()
         self._check_sync("step", "send/recv")
+        self._calls.check_idle("step_async")
         if self._reset_required:
             raise RuntimeError(self._reset_required)
         if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset_envs.any():
@@ -208,9 +278,16 @@ class ShmVecEnv(VectorEnv):
                 f"envs {ended} ended their episodes and autoreset_mode is DISABLED: reset them "
                 "with reset(options={'reset_mask': mask}) before stepping again"
             )
+        object_actions = self._io.write_actions(actions)
+        self._begin(CallState.WAITING_STEP, lambda: self._engine.begin_step(object_actions))
+
+    def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """The results of ``step_async()``. After `timeout` seconds,
+        ``TimeoutError`` (the step stays pending: call ``step_wait()`` again)."""
+        self._check_open()
+        self._calls.check_waiting(CallState.WAITING_STEP)
+        records = self._finish(timeout)
         io = self._io
-        object_actions = io.write_actions(actions)
-        records = self._run(lambda: self._engine.step(object_actions))
         if self.autoreset_mode is AutoresetMode.DISABLED:
             np.logical_or(io.terminations, io.truncations, out=self._autoreset_envs)
         infos = self._infos(records) if records else {}
@@ -305,9 +382,8 @@ class ShmVecEnv(VectorEnv):
         """Like _infos, for a batch of async results (positions, not env ids)."""
         batch = _InfoBatch(len(rows))
         infos: dict[str, Any] = {}
-        for position, info, ended, final_info, _objects, final_objects in records:
+        for position, info, ended, final_info, _objects, final_obs in records:
             if ended:
-                final_obs = self._io.observation(rows[position], final=True, final_objects=final_objects)
                 infos = batch._add_info(infos, {"final_obs": final_obs, "final_info": final_info}, position)
             if info is not None:
                 infos = batch._add_info(infos, info, position)
@@ -326,30 +402,53 @@ class ShmVecEnv(VectorEnv):
         if self._engine.restart_failed_workers and self.autoreset_mode is AutoresetMode.SAME_STEP:
             self._last_observations = self._io.snapshot()
 
+    def _begin(self, state: CallState, begin: Callable[[], None]) -> None:
+        self._calls.begin(state)
+        try:
+            begin()
+        except BaseException:
+            self._calls.end()
+            raise
+
+    def _finish(self, timeout: float | None = None) -> Any:
+        """Collects the pending call. A timeout or an interrupted wait leaves
+        it pending; anything else ends it."""
+        state = self._calls.state
+        try:
+            result = self._engine.finish(timeout)
+        except BaseException as exc:
+            if self._engine.in_flight:
+                raise  # a timeout or an interrupted wait: still pending
+            self._calls.end()
+            if isinstance(exc, (ShmVecError, ShmVecTimeoutError)):
+                pass  # the engine says itself whether it can go on
+            elif isinstance(exc, KeyboardInterrupt):
+                if self._engine.caller_interrupted:  # our own slice stopped mid-batch
+                    self._reset_required = "a step was interrupted mid-batch; reset() all envs before stepping again"
+            elif state is not CallState.WAITING_CALL:  # a failed call changes no env's state
+                # Some envs of the batch stepped, others did not: only a full
+                # reset brings every env back to a known state.
+                self._reset_required = "an env raised during the last call; reset() all envs before stepping again"
+            raise
+        self._calls.end()
+        return result
+
     def _run(self, operation: Callable[[], Any]) -> Any:
+        """An async-mode operation (send/recv), whose errors need a reset."""
         try:
             return operation()
-        except (ShmVecError, TimeoutError):
+        except (ShmVecError, ShmVecTimeoutError):
             raise  # the engine is broken: it says so itself
-        except KeyboardInterrupt:
-            if self._engine.caller_interrupted:  # our own slice stopped mid-batch
-                self._reset_required = "a step was interrupted mid-batch; reset() all envs before stepping again"
-            raise
         except Exception:
-            # Some envs of the batch stepped, others did not: only a full reset
-            # brings every env back to a known state.
-            self._reset_required = (
-                "an env raised during the last call; reset() all envs before stepping again"
-            )
+            self._reset_required = "an env raised during the last call; reset() all envs before stepping again"
             raise
 
     def _infos(self, records: list) -> dict[str, Any]:
         """Vectorises the records exactly as SyncVectorEnv does, env by env."""
         infos: dict[str, Any] = {}
-        for row, info, ended, final_info, objects, final_objects in records:
+        for row, info, ended, final_info, objects, final_obs in records:
             self._io.update_objects(row, objects)
             if ended:
-                final_obs = self._io.observation(row, final=True, final_objects=final_objects)
                 final = {"final_obs": final_obs, "final_info": final_info}
                 infos = self._add_info(infos, final, row)
             if info is not None:
@@ -364,8 +463,20 @@ class ShmVecEnv(VectorEnv):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method `name` of every env (or reads the attribute)."""
+        self.call_async(name, *args, **kwargs)
+        return self.call_wait()
+
+    def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
+        """Starts calling method `name` of every env; ``call_wait()`` returns the results."""
         self._check_open()
-        return tuple(self._engine.call(name, args, kwargs))
+        self._begin(CallState.WAITING_CALL, lambda: self._engine.begin_call(name, args, kwargs))
+
+    def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
+        """The results of ``call_async()``, one per env. After `timeout`
+        seconds, ``TimeoutError`` (the call stays pending)."""
+        self._check_open()
+        self._calls.check_waiting(CallState.WAITING_CALL)
+        return tuple(self._finish(timeout))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """The attribute `name` of every env."""
@@ -375,7 +486,9 @@ class ShmVecEnv(VectorEnv):
         """Sets `name` on every env: one value each if `values` is a list or
         tuple, else the same value for all."""
         self._check_open()
-        self._engine.set_attr(name, per_env_values(values, self.num_envs))
+        values = per_env_values(values, self.num_envs)
+        self._calls.check_idle("set_attr")
+        self._engine.set_attr(name, values)
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:
@@ -385,13 +498,28 @@ class ShmVecEnv(VectorEnv):
     def np_random(self) -> tuple[np.random.Generator, ...]:
         return self.get_attr("np_random")
 
-    def close_extras(self, terminate: bool = False, **kwargs: Any) -> None:
-        """Closes the envs and the workers; ``terminate=True`` kills workers
-        at once (e.g. when an env hangs)."""
+    def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
+        """Closes the envs and the workers. A pending call is waited for up
+        to `timeout` seconds (5 by default) first, with a warning, as in
+        AsyncVectorEnv;
+        ``terminate=True`` kills workers at once (e.g. when an env hangs)."""
         engine = getattr(self, "_engine", None)
-        self._io = None  # its views would keep the arena mapped
-        if engine is not None:
-            engine.close(terminate=terminate)
+        calls = getattr(self, "_calls", None)
+        try:
+            if engine is not None and calls is not None and calls.pending:
+                pending, _ = calls.state.value, calls.end()
+                logger.warn(f"Calling `close` while waiting for a pending call to `{pending}` to complete.")
+                if not terminate and engine.in_flight:
+                    try:
+                        engine.finish(CLOSE_GRACE_S if timeout is None else timeout)  # bounded, even if an env hangs
+                    except ShmVecTimeoutError:
+                        terminate = True
+                    except Exception:
+                        pass  # its error belongs to the call nobody collected; close anyway
+        finally:  # even if the warning is an error (-W error)
+            self._io = None  # its views would keep the arena mapped
+            if engine is not None:
+                engine.close(terminate=terminate)
 
     def _check_open(self) -> None:
         if self.closed:

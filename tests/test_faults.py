@@ -5,6 +5,7 @@ after close() (processes, fds, mappings, /dev/shm)."""
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import gc
 import os
 import signal
@@ -14,6 +15,7 @@ import textwrap
 import threading
 import time
 import traceback
+import warnings
 
 import numpy as np
 import pytest
@@ -38,7 +40,7 @@ from fault_envs import (
     wait_gone,
     worker_pids,
 )
-from gymnasium.error import ClosedEnvironmentError
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 
 import shmvec
 from shmvec.errors import RemoteTraceback
@@ -306,7 +308,7 @@ def test_hung_env_times_out_and_close_terminate_is_prompt(layout, closing):
     with pytest.raises(TimeoutError) as info:
         envs.step(actions_for(4, 3, HANG))  # time.sleep(60)
     elapsed = time.monotonic() - start
-    assert type(info.value) is TimeoutError  # the builtin one
+    assert isinstance(info.value, multiprocessing.TimeoutError)  # what AsyncVectorEnv raises, too
     assert 0.4 < elapsed < 5, elapsed
     # The vector env is broken, and says so at once, without waiting again.
     start = time.monotonic()
@@ -433,8 +435,14 @@ def test_sigint_interrupts_a_slow_step_promptly(layout, tmp_path, closing):
         interrupter.join()
     assert time.monotonic() - start < 3
     assert all(running(p) for p in pids)
-    # Still usable: the interrupted step finishes in the worker, the next one works.
+    # The interrupted step stays pending, as in AsyncVectorEnv: a new step is
+    # refused, and step_wait() returns the interrupted step's results.
+    with pytest.raises(AlreadyPendingCallError, match="pending call to `step`"):
+        envs.step(actions_for(4))
     gate.touch()
+    obs, rewards, *_ = envs.step_wait()
+    assert np.array_equal(obs, np.full((4, 2), 1, np.float32))
+    assert np.array_equal(rewards, np.ones(4))
     obs, rewards, *_ = envs.step(actions_for(4))
     assert np.array_equal(obs, np.full((4, 2), 2, np.float32))
     assert np.array_equal(rewards, np.ones(4))
@@ -463,8 +471,11 @@ def test_sigint_then_close_does_not_hang(tmp_path, closing):
 
     def close():
         start = time.monotonic()
-        envs.close()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            envs.close()
         result["elapsed"] = time.monotonic() - start
+        result["warnings"] = [str(w.message) for w in caught]
 
     closer = threading.Thread(target=close, daemon=True)
     closer.start()
@@ -474,6 +485,7 @@ def test_sigint_then_close_does_not_hang(tmp_path, closing):
         (tmp_path / "never").touch()
         closer.join(timeout=30)
     assert not hung, "close() after a KeyboardInterrupt waited for the hung env"
+    assert any("Calling `close` while waiting for a pending call to `step`" in w for w in result["warnings"])
     assert wait_gone(pids) == []
 
 
@@ -531,6 +543,7 @@ CTRL_C_SCRIPT = textwrap.dedent("""
         for p in pids:
             os.kill(p, 0)  # raises if a worker is gone
         open(gate, "w").close()
+        envs.step_wait()  # the interrupted step, still pending
         obs = envs.step(actions_for(4))[0]
         print("stepped", *obs[:, 0].tolist(), flush=True)
         envs.close()
