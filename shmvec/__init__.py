@@ -1,10 +1,13 @@
 """shmvec: step many reinforcement-learning environments in parallel through
 shared memory. ``shmvec.ShmVecEnv`` is a drop-in Gymnasium ``VectorEnv``."""
 
+from importlib.metadata import version as _version
+
 from shmvec.errors import ShmVecError, WorkerDiedError
 from shmvec.make import make
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["ShmVecEnv", "make", "WorkerDiedError", "ShmVecError", "__version__"]
 
-__version__ = "0.1.0"
+# Written once, in pyproject.toml; read from the installed package's metadata.
+__version__: str = _version("shmvec")

@@ -85,16 +85,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE.json", help="write the results as JSON")
 
 
-def _measure(peer: str, spec: str, num_envs: int, workers: int | None, pin: bool, seconds: float) -> dict:
-    """One measurement, run in a fresh process."""
-    options = {"num_workers": workers, "pin_workers": "auto" if pin else False} if peer == "shmvec" else {}
-    envs = build(peer, spec, num_envs, **options)
+def _shmvec_options(args: argparse.Namespace) -> dict:
+    """The options `shmvec bench` passes to ShmVecEnv, as passed."""
+    return {"num_workers": args.workers, "pin_workers": "auto" if args.pin_workers else False}
+
+
+def _layout(envs) -> dict:
+    """What a ShmVecEnv made of its options: its number of workers, and
+    whether they were pinned (``pin_workers="auto"`` pins only when every
+    worker gets a CPU of its own)."""
+    cpus = getattr(getattr(envs, "_engine", None), "_cpus", None)
+    return {"workers": envs.num_workers,
+            "pinned": None if cpus is None else any(cpu is not None for cpu in cpus)}
+
+
+def _measure(peer: str, spec: str, num_envs: int, options: dict, seconds: float) -> dict:
+    """One measurement, run in a fresh process; `options` go to shmvec."""
+    envs = build(peer, spec, num_envs, **(options if peer == "shmvec" else {}))
     try:
+        layout = _layout(envs) if peer == "shmvec" else {}
         rate = vector_rate(envs, num_envs, seconds)
         memory = tree_memory()
     finally:
         envs.close()
-    return {"steps_per_s": rate, "peak_rss_mib": memory["peak_rss_mib"]}
+    return {"steps_per_s": rate, "peak_rss_mib": memory["peak_rss_mib"], **layout}
 
 
 def _plan(specs: list[str], backends: list[str], counts: list[int]) -> tuple[list[tuple], list[str]]:
@@ -233,8 +247,8 @@ def _measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
     results = []
     for spec, name, n in jobs:
         if spec in singles:
-            measured = attempt(f"{spec}: {name} x{n}", _measure, name, spec, n, args.workers,
-                               args.pin_workers, args.seconds)
+            measured = attempt(f"{spec}: {name} x{n}", _measure, name, spec, n, _shmvec_options(args),
+                               args.seconds)
             if measured is not None:
                 results.append({"env": spec, "backend": name, "num_envs": n, **measured})
     progress.clear()
@@ -258,10 +272,13 @@ def run(args: argparse.Namespace) -> int:
     print(title)
     print(_table(rows, limits, singles, cpus))
     if args.json:
+        options = _shmvec_options(args)
         report = {
             "date": date, "machine": machine, "usable_cpus": cpus, "shmvec": shmvec.__version__,
+            # As passed to ShmVecEnv (workers: null is its default); each shmvec
+            # result says what they came to (its workers, and whether pinned).
             "settings": {"envs": specs, "num_envs": args.num_envs, "backends": args.backends,
-                         "workers": args.workers, "pin_workers": args.pin_workers,
+                         "workers": options["num_workers"], "pin_workers": options["pin_workers"],
                          "seconds": args.seconds},
             "single_env_steps_per_s": singles, "machine_limit": limits,
             "results": rows, "notes": notes,

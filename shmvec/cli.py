@@ -1,4 +1,4 @@
-"""The ``shmvec`` command. Subcommands: ``bench``."""
+"""The ``shmvec`` command. Subcommands: ``bench``; ``shmvec --version``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+import shmvec
 from shmvec import bench
 
 __all__ = ["main"]
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     parser = argparse.ArgumentParser(prog="shmvec", description="shmvec: fast vectorized RL environments")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {shmvec.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench_parser = commands.add_parser("bench", help="steps/s of shmvec and its installed peers here",
                                        description=bench.__doc__.split("\n\n")[0])

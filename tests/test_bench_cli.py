@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from shmvec import cli
+from shmvec import ShmVecEnv, cli
 from shmvec.peers import PEERS
 from shmvec.testing import NoopEnv
 
@@ -52,6 +52,35 @@ def test_module_callable_json_table_and_plot(tmp_path, capsys):
         assert plot.read_bytes().startswith(b"\x89PNG")
     else:
         assert "matplotlib is not installed" in captured.out + captured.err
+
+
+@pytest.mark.parametrize(("flags", "pin_workers"), [([], "auto"), (["--no-pin-workers"], False)])
+def test_json_records_the_options_really_used(tmp_path, flags, pin_workers, closing):
+    out = tmp_path / "out.json"
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "3", "--backends", "shmvec,sync",
+                 "--json", str(out), *flags, *FAST) == 0
+    report = json.loads(out.read_text())
+    # As passed to ShmVecEnv: "auto" is not True, and no --workers is its default (null).
+    assert report["settings"]["pin_workers"] == pin_workers
+    assert report["settings"]["workers"] is None
+    runs = {r["backend"]: r for r in report["results"]}
+    # What shmvec made of them: the default number of workers, pinned or not.
+    default = ShmVecEnv([NoopEnv] * 3, pin_workers=False, start_method="fork")
+    closing(default)
+    assert runs["shmvec"]["workers"] == default.num_workers
+    assert isinstance(runs["shmvec"]["pinned"], bool)
+    if pin_workers is False:
+        assert runs["shmvec"]["pinned"] is False
+    assert "workers" not in runs["sync"] and "pinned" not in runs["sync"]
+
+
+def test_json_records_workers_given(tmp_path):
+    out = tmp_path / "out.json"
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "3", "--backends", "shmvec", "--workers", "2",
+                 "--json", str(out), *FAST) == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["workers"] == 2
+    assert report["results"][0]["workers"] == 2
 
 
 def test_missing_and_capped_peers_are_skipped_with_a_note(tmp_path, capsys, monkeypatch):
