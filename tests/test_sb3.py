@@ -490,3 +490,23 @@ def test_ppo_learns_cartpole_through_shmvec(closing):
                                                eval_freq=5_000 // 8, verbose=0))
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True)
     assert mean >= 450, f"mean return {mean} after {model.num_timesteps} steps"
+
+
+@pytest.mark.parametrize("space", [
+    spaces.Dict({"move": spaces.Box(-1, 1, (2,), np.float32), "pick": spaces.Discrete(3)}),
+    spaces.Tuple((spaces.Discrete(4), spaces.Box(-1, 1, (2,), np.float32))),
+], ids=["dict", "tuple"])
+def test_per_env_actions_of_structured_spaces_as_dummy_vec_env(space, closing):
+    """SB3 indexes actions by env: a list of per-env Dict/Tuple actions
+    works as in DummyVecEnv (its own test_vec_envs.py steps envs so)."""
+    fns = [functools.partial(SpacesEnv, spaces.Box(-1, 1, (3,), np.float32), space, max_steps=6)] * N
+    shm, dummy = closing(make("shm", fns)), closing(make("dummy", fns))
+    shm.seed(1), dummy.seed(1)
+    assert_same(shm.reset(), dummy.reset())
+    space.seed(0)
+    for t in range(10):
+        actions = [space.sample() for _ in range(N)]
+        got, want = shm.step(actions), dummy.step(actions)
+        assert_same(got[:3], want[:3], f"step {t}")
+    with pytest.raises(ValueError, match="3 actions for 4 envs"):
+        shm.step([space.sample() for _ in range(N - 1)])

@@ -1,0 +1,230 @@
+"""AsyncVectorEnv's own API, so that code written for it runs unchanged:
+the *_async / *_wait pairs and their call state, per-call timeouts that keep
+the call pending, AsyncVectorEnv's constructor keywords, observation_mode,
+and any worker count for any number of envs."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import re
+import time
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from fault_envs import GATE, FaultEnv, actions_for
+from gymnasium import spaces
+from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector.utils import batch_differing_spaces
+from helpers import assert_same, run_lockstep
+
+import shmvec
+from shmvec.testing import SpacesEnv
+
+
+def fault_envs(num_envs=4, gate=None, **kwargs):
+    kwargs.setdefault("start_method", "fork")
+    kwargs.setdefault("num_workers", 1)
+    return shmvec.ShmVecEnv([functools.partial(FaultEnv, gate=gate)] * num_envs, **kwargs)
+
+
+# -- the *_async / *_wait pairs -------------------------------------------------------
+
+
+def test_async_wait_pairs_give_what_the_plain_calls_give(closing):
+    fns = [lambda: gym.make("CartPole-v1")] * 4
+    envs = shmvec.ShmVecEnv(fns, num_workers=1, start_method="fork")
+    ref = SyncVectorEnv(fns)
+    closing(envs), closing(ref)
+    envs.reset_async(seed=3)
+    assert_same(envs.reset_wait(), ref.reset(seed=3), "reset")
+    for t in range(40):
+        actions = np.array([t % 2, 1, 0, (t // 3) % 2])
+        envs.step_async(actions)
+        assert_same(envs.step_wait(), ref.step(actions), f"step {t}")
+    envs.call_async("get_wrapper_attr", "np_random_seed")
+    assert envs.call_wait() == ref.call("get_wrapper_attr", "np_random_seed")
+
+
+def test_call_state_errors_match_async_vector_env(closing):
+    envs = fault_envs()
+    closing(envs)
+    with pytest.raises(NoAsyncCallError, match=re.escape("Calling `reset_wait` without any prior call to `reset_async`.")):
+        envs.reset_wait()
+    envs.reset_async()
+    for begin, name in [(lambda: envs.step_async(actions_for(4)), "step_async"),
+                        (envs.reset_async, "reset_async"), (lambda: envs.call_async("pid"), "call_async"),
+                        (lambda: envs.set_attr("t", 0), "set_attr"), (lambda: envs.step(actions_for(4)), "step_async")]:
+        with pytest.raises(AlreadyPendingCallError,
+                           match=re.escape(f"Calling `{name}` while waiting for a pending call to `reset` to complete")):
+            begin()
+    with pytest.raises(NoAsyncCallError, match=re.escape("Calling `step_wait` without any prior call to `step_async`.")):
+        envs.step_wait()
+    envs.reset_wait()
+    with pytest.raises(NoAsyncCallError, match="call_wait"):
+        envs.call_wait()
+    # A refused call changed nothing: the env steps as if it had not happened.
+    obs, *_ = envs.step(actions_for(4))
+    assert np.array_equal(obs, np.ones((4, 2), np.float32))
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(2, False), (1, True)])
+def test_step_wait_timeout_keeps_the_step_pending(num_workers, caller_steps, tmp_path, closing):
+    """A per-call timeout raises the TimeoutError AsyncVectorEnv raises, and
+    loses nothing: the step stays pending and step_wait() collects it."""
+    gate = tmp_path / "gate"
+    envs = fault_envs(gate=str(gate), num_workers=num_workers, caller_steps=caller_steps)
+    closing(envs)
+    envs.reset()
+    envs.step_async(actions_for(4, 3, GATE))  # env 3, a worker's, waits for the gate
+    start = time.monotonic()
+    with pytest.raises(multiprocessing.TimeoutError) as info:
+        envs.step_wait(timeout=0.2)
+    assert isinstance(info.value, TimeoutError)  # the builtin one too
+    assert time.monotonic() - start < 3
+    with pytest.raises(AlreadyPendingCallError):
+        envs.step(actions_for(4))
+    gate.touch()
+    obs, rewards, *_ = envs.step_wait(timeout=30)
+    assert np.array_equal(obs, np.ones((4, 2), np.float32))
+    assert np.array_equal(rewards, np.ones(4))
+    obs, *_ = envs.step(actions_for(4))  # and on it goes
+    assert np.array_equal(obs, np.full((4, 2), 2, np.float32))
+
+
+def test_call_wait_timeout_then_results(tmp_path, closing):
+    envs = fault_envs(num_workers=2, caller_steps=False, gate=str(tmp_path / "gate"))
+    closing(envs)
+    envs.reset()
+    envs.set_attr("hang_s", [0.0, 0.0, 0.0, 1.0])
+    envs.call_async("hang")
+    with pytest.raises(TimeoutError):
+        envs.call_wait(timeout=0.1)
+    assert envs.call_wait(timeout=30) == (None,) * 4
+
+
+def test_close_with_a_pending_call_warns_and_closes(closing):
+    envs = fault_envs()
+    closing(envs)
+    envs.reset()
+    envs.step_async(actions_for(4))
+    with pytest.warns(UserWarning, match=re.escape("Calling `close` while waiting for a pending call to `step` to complete.")):
+        envs.close()
+    assert envs.closed
+
+
+# -- AsyncVectorEnv's constructor keywords --------------------------------------------
+
+
+def test_async_vector_env_keywords(closing):
+    fns = [lambda: gym.make("CartPole-v1")] * 3
+    envs = shmvec.ShmVecEnv(fns, context="fork", shared_memory=False, daemon=True)
+    closing(envs)
+    ref = SyncVectorEnv(fns)
+    closing(ref)
+    run_lockstep(envs, ref, steps=20)
+    with pytest.raises(ValueError, match="worker"):
+        shmvec.ShmVecEnv(fns, worker=lambda *args: None)
+    with pytest.raises(ValueError, match="disagree"):
+        shmvec.ShmVecEnv(fns, context="fork", start_method="spawn")
+
+
+# -- observation_mode ------------------------------------------------------------------
+
+
+def box_env(high):
+    return functools.partial(SpacesEnv, spaces.Box(0, high, (3,), np.float32), spaces.Discrete(2))
+
+
+@pytest.mark.parametrize("mode", ["different", "pair"])
+def test_observation_mode_different_matches_sync(mode, closing):
+    fns = [box_env(h) for h in (1.0, 2.0, 3.0, 4.0)]
+    single = spaces.Box(0, 1.0, (3,), np.float32)
+    observation_mode = mode if mode == "different" else (batch_differing_spaces([f().observation_space for f in fns]), single)
+    envs = shmvec.ShmVecEnv(fns, observation_mode=observation_mode, num_workers=1, start_method="fork")
+    ref = SyncVectorEnv(fns, observation_mode=observation_mode)
+    closing(envs), closing(ref)
+    assert envs.observation_space == ref.observation_space
+    assert envs.single_observation_space == ref.single_observation_space
+    run_lockstep(envs, ref, steps=30)
+
+
+def test_observation_mode_checks(closing):
+    fns = [box_env(h) for h in (1.0, 2.0)]
+    with pytest.raises(RuntimeError, match="observation_mode='different'"):
+        shmvec.ShmVecEnv(fns, start_method="fork")
+    with pytest.raises(ValueError, match="Invalid `observation_mode`"):
+        shmvec.ShmVecEnv(fns, observation_mode="invalid")
+    shapes = [functools.partial(SpacesEnv, spaces.Box(0, 1, (n,), np.float32), spaces.Discrete(2)) for n in (2, 3)]
+    with pytest.raises(RuntimeError, match="shape and dtype"):
+        shmvec.ShmVecEnv(shapes, observation_mode="different", start_method="fork")
+
+
+# -- any worker count for any number of envs ----------------------------------------
+
+
+@pytest.mark.parametrize("num_envs, num_workers", [(1, 1), (2, 2), (3, 3), (3, 1)])
+def test_one_worker_per_env_works(num_envs, num_workers, closing):
+    fns = [lambda: gym.make("CartPole-v1")] * num_envs
+    envs = shmvec.ShmVecEnv(fns, num_workers=num_workers, start_method="fork")
+    ref = SyncVectorEnv(fns)
+    closing(envs), closing(ref)
+    assert envs.num_workers == num_workers
+    run_lockstep(envs, ref, steps=30)
+
+
+def test_worker_count_errors():
+    fns = [lambda: gym.make("CartPole-v1")] * 2
+    with pytest.raises(ValueError, match="num_workers=3 is more than the 2 envs"):
+        shmvec.ShmVecEnv(fns, num_workers=3)
+    with pytest.raises(ValueError, match="caller_steps=True needs an env for the caller"):
+        shmvec.ShmVecEnv(fns, num_workers=2, caller_steps=True)
+
+
+# -- SAME_STEP final_obs: the env's own objects ----------------------------------------
+
+
+class PlainObjectsEnv(gym.Env):
+    """Returns a Python int and a list inside its observations, as some envs do."""
+
+    observation_space = spaces.Tuple((spaces.Discrete(5), spaces.Box(0, 9, (2,), np.int64)))
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return (0, np.zeros(2, np.int64)), {}
+
+    def step(self, action):
+        self.t += 1
+        return (self.t, np.full(2, self.t, np.int64)), 1.0, self.t >= 2 + int(action), False, {}
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (2, False)])
+def test_same_step_final_obs_is_the_envs_own_object(num_workers, caller_steps, closing):
+    fns = [PlainObjectsEnv] * 4
+    envs = shmvec.ShmVecEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, num_workers=num_workers,
+                            caller_steps=caller_steps, start_method="fork")
+    ref = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=12)
+    envs.reset(seed=0)
+    for _ in range(2):
+        *_, infos = envs.step(np.zeros(4, np.int64))
+    assert type(infos["final_obs"][0][0]) is int  # not a numpy integer rebuilt from shared memory
+
+
+def test_warnings_as_errors_still_close(closing):
+    """close() with a pending call warns; with -W error the warning is an
+    exception, and the vector env is still closed."""
+    envs = fault_envs()
+    envs.reset()
+    envs.step_async(actions_for(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning):
+            envs.close()
+    assert envs._engine.closed
