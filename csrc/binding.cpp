@@ -339,10 +339,10 @@ PYBIND11_MODULE(_core, m) {
            py::arg("encode_error"), py::arg("overflow"));
 
   py::class_<Stepper>(m, "Stepper")
-      .def(py::init<py::list, py::ssize_t, py::list, py::object, py::list, py::object,
+      .def(py::init<py::list, py::ssize_t, py::list, py::array, py::object, py::list, py::object,
                     py::array, py::array, py::array, int, py::object>(),
            py::arg("envs"), py::arg("first_row"), py::arg("action_leaves"),
-           py::arg("action_builder"), py::arg("obs_leaves"),
+           py::arg("action_codes"), py::arg("action_builder"), py::arg("obs_leaves"),
            py::arg("obs_flattener"), py::arg("rewards"), py::arg("terminations"),
            py::arg("truncations"), py::arg("autoreset_mode"), py::arg("write_fallback"))
       .def("step", &Stepper::step, py::arg("object_actions") = py::none())

@@ -79,7 +79,7 @@ bool is_empty_dict(py::handle obj) { return PyDict_Check(obj.ptr()) && PyDict_GE
 }  // namespace
 
 Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
-                 py::object action_builder, py::list obs_leaves,
+                 py::array action_codes, py::object action_builder, py::list obs_leaves,
                  py::object obs_flattener, py::array rewards, py::array terminations,
                  py::array truncations, int autoreset_mode, py::object write_fallback)
     : first_row_(first_row),
@@ -92,12 +92,24 @@ Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
       copy_name_("copy") {
   for (py::handle env : envs) envs_.push_back(py::reinterpret_borrow<py::object>(env));
   needs_reset_.assign(envs_.size(), 0);
-  std::vector<ArrayLeaf*> action_targets;
-  make_leaves(action_leaves, action_leaves_, action_targets);
+  for (py::handle views : action_leaves) {
+    action_leaves_.emplace_back();
+    if (views.is_none()) continue;
+    for (py::handle view : py::reinterpret_borrow<py::list>(views))
+      action_leaves_.back().push_back(make_leaf(view));
+    if (action_leaves_.back().empty() || action_leaves_.back().size() > 256)
+      throw std::invalid_argument("an action leaf needs between 1 and 256 views");
+  }
+  if (action_codes.dtype().kind() != 'u' || action_codes.itemsize() != 1 ||
+      !(action_codes.flags() & py::array::c_style) ||
+      action_codes.size() != static_cast<py::ssize_t>(action_leaves_.size()))
+    throw std::invalid_argument("action_codes must be a uint8 array with one code per action leaf");
+  keep_action_codes_ = action_codes;
+  action_codes_ = static_cast<const uint8_t*>(action_codes.data());
   action_is_single_leaf_ = action_builder_.is_none();
-  if (action_is_single_leaf_ && action_leaves_.size() != 1)
+  if (action_is_single_leaf_ && (action_leaves_.size() != 1 || action_leaves_[0].empty()))
     throw std::invalid_argument("an action space of one fixed leaf needs exactly one leaf");
-  action_leaf_is_row_ = action_is_single_leaf_ && !action_leaves_[0].row_shape.empty();
+  action_leaf_is_row_ = action_is_single_leaf_ && !action_leaves_[0][0].row_shape.empty();
   make_leaves(obs_leaves, obs_leaves_, obs_targets_);
   if (obs_flattener_.is_none() && (obs_targets_.size() != 1 || obs_targets_[0] == nullptr))
     throw std::invalid_argument("an observation space of one fixed leaf needs exactly one leaf");
@@ -184,7 +196,12 @@ py::object Stepper::write_observation(py::ssize_t row, py::handle obs) {
 
 py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
   if (!action_is_single_leaf_) return action_builder_(row, objects);
-  PyObject* item = PySequence_GetItem(action_leaves_[0].batch.ptr(), row);
+  // The batch is stored in the dtype the caller passed it in (the front end
+  // wrote the code with the actions, before posting the step).
+  const std::vector<ArrayLeaf>& views = action_leaves_[0];
+  const uint8_t code = action_codes_[0];
+  if (code >= views.size()) throw std::runtime_error("bad action dtype code in the arena");
+  PyObject* item = PySequence_GetItem(views[code].batch.ptr(), row);
   if (!item) throw py::error_already_set();
   auto action = py::reinterpret_steal<py::object>(item);
   // A row of a multi-dimensional leaf is a view into the arena, which the

@@ -30,13 +30,17 @@ class Stepper {
  public:
   // envs: this slice's envs, rows first_row .. first_row + len(envs) - 1.
   // *_leaves: one entry per leaf of the space, an arena array or None for a
-  // leaf without a fixed shape (it travels by pickle in the records).
+  // leaf without a fixed shape (it travels by pickle in the records). An
+  // action leaf is a list of arrays instead, views of the same bytes in
+  // each dtype the batch may be stored in; action_codes (uint8, one per
+  // action leaf) says which one holds the current batch.
   // action_builder(row, objects) builds a structured action; None when the
   // action space is one fixed leaf. obs_flattener(obs) lists an observation's
   // leaves; None when the observation space is one fixed leaf.
   // write_fallback(target, row, value) writes what the fast paths do not
   // handle (casts, validation, errors that name the env).
-  Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves, py::object action_builder,
+  Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves, py::array action_codes,
+          py::object action_builder,
           py::list obs_leaves, py::object obs_flattener,
           py::array rewards, py::array terminations, py::array truncations, int autoreset_mode,
           py::object write_fallback);
@@ -70,7 +74,10 @@ class Stepper {
 
   std::vector<py::object> envs_;
   py::ssize_t first_row_;
-  std::vector<ArrayLeaf> action_leaves_;
+  // Per action leaf, its views by dtype code (empty: no fixed shape).
+  std::vector<std::vector<ArrayLeaf>> action_leaves_;
+  const uint8_t* action_codes_;  // the front end's, per leaf, written before each step
+  py::array keep_action_codes_;
   bool action_is_single_leaf_;
   bool action_leaf_is_row_;  // the leaf has a shape, so a row view must be copied
   py::object action_builder_;

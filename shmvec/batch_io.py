@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from shmvec.engine import Engine
-from shmvec.layout import flattener, is_single_fixed_leaf, unflattener
+from shmvec.layout import action_dtype_code, flattener, is_single_fixed_leaf, unflattener
 
 __all__ = ["BatchIO"]
 
@@ -21,6 +21,12 @@ class BatchIO:
         action_space = engine.description["action_space"]
         views = engine.views
         self.action_views = views["actions"]
+        # Per action leaf, its views in every storable dtype (by code), the
+        # codes of the dtypes the current batch is stored in, and the code of
+        # the space's dtype.
+        self._action_dtype_views = views["action_views"]
+        self._action_codes = views["action_dtypes"]
+        self._action_space_codes = engine.layout.action_space_codes
         self.obs_views = views["observations"]
         self.rewards = views["rewards"]
         self.terminations = views["terminations"]
@@ -40,14 +46,14 @@ class BatchIO:
         writes it into the arena; returns the per-env values of action leaves
         without a fixed shape, if any."""
         if self._single_action:
-            self._write_leaf(self.action_views[0], actions, "actions", rows)
+            self._write_leaf(0, actions, "actions", rows)
             return None
         if rows is not None:
             if any(v is None for v in self.action_views):
                 raise NotImplementedError("async mode needs action spaces whose leaves have fixed shapes")
             leaves = self._flatten_actions(actions)
-            for k, (view, value) in enumerate(zip(self.action_views, leaves)):
-                self._write_leaf(view, value, f"action leaf {k}", rows)
+            for k, value in enumerate(leaves):
+                self._write_leaf(k, value, f"action leaf {k}", rows)
             return None
         try:
             leaves = self._flatten_actions(actions)
@@ -56,7 +62,7 @@ class BatchIO:
         object_actions = None
         for k, (view, value) in enumerate(zip(self.action_views, leaves)):
             if view is not None:
-                self._write_leaf(view, value, f"action leaf {k}")
+                self._write_leaf(k, value, f"action leaf {k}")
                 continue
             values = list(value)
             if len(values) != self.num_envs:
@@ -67,7 +73,13 @@ class BatchIO:
                 object_actions[i].append(values[i])
         return object_actions
 
-    def _write_leaf(self, view: np.ndarray, value: Any, what: str, rows: np.ndarray | None = None) -> None:
+    def _write_leaf(self, k: int, value: Any, what: str, rows: np.ndarray | None = None) -> None:
+        """Validates action leaf `k`'s batch and writes it. A whole batch
+        (rows None) is stored in its own dtype where it can be, so that each
+        env gets an element of the caller's batch, as under SyncVectorEnv
+        (np.float64 for a float64 batch, even for a float32 Box); async sends
+        (`rows`: other envs may be reading their rows) use the space's dtype."""
+        view = self.action_views[k]
         array = value if type(value) is np.ndarray else np.asarray(value)
         shape = view.shape if rows is None else (len(rows), *view.shape[1:])
         if array.ndim == 0:  # as SyncVectorEnv, which cannot iterate over it
@@ -79,10 +91,18 @@ class BatchIO:
                 f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
                 f"{view.dtype} (only casts within the same kind are allowed)"
             )
-        if rows is None:
-            np.copyto(view, array, casting="unsafe")  # checked above
-        else:
+        codes = self._action_codes
+        if rows is not None:
+            codes[k] = self._action_space_codes[k]
             view[rows] = array
+            return
+        code = action_dtype_code(array.dtype)
+        if code is None:
+            code = self._action_space_codes[k]
+            np.copyto(self._action_dtype_views[k][code], array, casting="unsafe")  # checked above
+        else:
+            np.copyto(self._action_dtype_views[k][code], array, casting="no")
+        codes[k] = code
 
     # -- observations out -----------------------------------------------------
 

@@ -322,6 +322,7 @@ class Engine:
         _core.resize_shared_file(self._fds[1], total)
         self._data = _core.Mapping(self._fds[1], total)
         self.views = self.layout.views(self._data)
+        self.views["action_dtypes"][:] = self.layout.action_space_codes  # until the first batch
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
         if self.async_mode:

@@ -18,18 +18,22 @@ __all__ = ["EnvSlice", "AUTORESET_CODES"]
 AUTORESET_CODES = {"NextStep": 0, "SameStep": 1, "Disabled": 2}
 
 
-def _action_builder(action_space, action_views):
+def _action_builder(action_space, action_views, action_codes):
     """Builds one env's action from the arena, for structured action spaces
-    (Dict, Tuple, non-fixed leaves); single fixed leaves are done natively."""
+    (Dict, Tuple, non-fixed leaves); single fixed leaves are done natively.
+    `action_views` has each fixed leaf's views by dtype code; `action_codes`
+    says which one holds the current batch, per leaf."""
     unflatten = unflattener(action_space)
 
     def build(row: int, objects: list[Any] | None) -> Any:
         extra = iter(objects or ())
         values = []
-        for view in action_views:
-            if view is None:
+        for views, code in zip(action_views, action_codes.tolist()):
+            if views is None:
                 values.append(next(extra))
-            elif view.ndim > 1:
+                continue
+            view = views[code]
+            if view.ndim > 1:
                 values.append(view[row].copy())  # the arena row is overwritten next step
             else:
                 values.append(view[row])
@@ -81,8 +85,10 @@ class EnvSlice:
         self.stepper = _core.Stepper(
             envs=list(self.envs),
             first_row=self.first_row,
-            action_leaves=views["actions"],
-            action_builder=None if single_action else _action_builder(action_space, views["actions"]),
+            action_leaves=views["action_views"],
+            action_codes=views["action_dtypes"],
+            action_builder=None if single_action else _action_builder(
+                action_space, views["action_views"], views["action_dtypes"]),
             obs_leaves=views["observations"],
             obs_flattener=self._flatten_obs,
             rewards=views["rewards"],

@@ -21,6 +21,27 @@ __all__ = ["Leaf", "leaves_of", "flattener", "unflattener", "DataLayout", "write
 FIXED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 ALIGN = 128
 
+# The dtypes a batch of actions can be stored in as the caller passed it, so
+# that each env gets an element of the caller's batch as SyncVectorEnv hands
+# it over (np.float64 for a float64 batch, even for a float32 Box). A leaf's
+# code in the arena's ``action_dtypes`` is an index into this table (or, for a
+# space dtype outside it, ACTION_DTYPES_EXTRA: the space's own dtype).
+ACTION_DTYPES = tuple(np.dtype(d) for d in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, np.float32, np.float64,
+))
+ACTION_DTYPE_CODES = {d: code for code, d in enumerate(ACTION_DTYPES)}
+ACTION_DTYPES_EXTRA = len(ACTION_DTYPES)
+ACTION_ITEMSIZE = max(d.itemsize for d in ACTION_DTYPES)
+
+
+def action_dtype_code(dtype: np.dtype) -> int | None:
+    """The code of a dtype an action batch can be stored in as is, or None."""
+    code = ACTION_DTYPE_CODES.get(dtype)
+    # np.dtype equality ignores the scalar type (np.longlong == np.int64 on
+    # Linux): only a dtype whose elements are of the table's type qualifies.
+    return code if code is not None and dtype.type is ACTION_DTYPES[code].type else None
+
 
 @dataclass(frozen=True)
 class Leaf:
@@ -143,7 +164,12 @@ class DataLayout:
         self.base_offset = base_offset
         self._end = base_offset
         n = num_envs
-        self.actions = [self._field(n, leaf) for leaf in self.action_leaves]
+        # Action leaves: room for a batch in any dtype of ACTION_DTYPES (or the
+        # space's own); `action_dtypes` says which one the current batch is in.
+        self.actions = [self._action_field(n, leaf) for leaf in self.action_leaves]
+        self.action_dtypes = self._add((len(self.action_leaves),), np.dtype(np.uint8))
+        self.action_space_codes = [self.action_code(leaf.dtype) if leaf.fixed else 0
+                                   for leaf in self.action_leaves]
         self.observations = [self._field(n, leaf) for leaf in self.observation_leaves]
         self.rewards = self._add((n,), np.dtype(np.float64))
         self.terminations = self._add((n,), np.dtype(np.bool_))
@@ -163,6 +189,28 @@ class DataLayout:
     def _field(self, n: int, leaf: Leaf) -> Field | None:
         return self._add((n, *leaf.shape), leaf.dtype) if leaf.fixed else None
 
+    def _action_field(self, n: int, leaf: Leaf) -> Field | None:
+        """An action leaf's field (typed as the space's dtype) with room for
+        the batch in any dtype of ACTION_DTYPES: every dtype's view of it
+        starts at the same offset and is contiguous."""
+        if not leaf.fixed:
+            return None
+        field = self._add((n, *leaf.shape), leaf.dtype)
+        count = int(np.prod(field.shape, dtype=np.int64))
+        self._end = field.offset + count * max(ACTION_ITEMSIZE, leaf.dtype.itemsize)
+        return field
+
+    @staticmethod
+    def action_code(dtype: np.dtype) -> int:
+        """The code of an action leaf stored in `dtype`, the space's dtype."""
+        code = action_dtype_code(dtype)
+        return ACTION_DTYPES_EXTRA if code is None else code
+
+    @staticmethod
+    def action_dtypes_of(leaf: Leaf) -> list[np.dtype]:
+        """The dtypes an action leaf can be stored in, indexed by code."""
+        return [*ACTION_DTYPES, leaf.dtype]
+
     @staticmethod
     def view(buffer: Any, field: Field | None) -> np.ndarray | None:
         """A numpy view of one field onto the mapped arena."""
@@ -174,6 +222,13 @@ class DataLayout:
     def views(self, buffer: Any) -> dict[str, Any]:
         return {
             "actions": [self.view(buffer, f) for f in self.actions],
+            # Per action leaf: its views in every dtype, indexed by code.
+            "action_views": [
+                None if f is None
+                else [self.view(buffer, Field(f.offset, f.shape, d)) for d in self.action_dtypes_of(leaf)]
+                for f, leaf in zip(self.actions, self.action_leaves)
+            ],
+            "action_dtypes": self.view(buffer, self.action_dtypes),
             "observations": [self.view(buffer, f) for f in self.observations],
             "rewards": self.view(buffer, self.rewards),
             "terminations": self.view(buffer, self.terminations),

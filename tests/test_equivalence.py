@@ -4,6 +4,7 @@ worker layouts and start methods."""
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import gymnasium as gym
@@ -190,6 +191,92 @@ def test_make_mirrors_make_vec(closing):
     assert wrapped.get_attr("g") == (1.62, 1.62)
     with pytest.raises(gym.error.Error):
         shmvec.make("NoSuchEnv-v0", num_envs=2)
+
+
+class ActionTypeEnv(gym.Env):
+    """Reports the type and dtype of each action it is handed, and the
+    action itself as its observation."""
+
+    def __init__(self, action_space):
+        self.action_space = copy.deepcopy(action_space)
+        self.observation_space = action_space
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.action_space.seed(seed)
+        return self.action_space.sample(), {}
+
+    def step(self, action):
+        seen = _seen_types(action)
+        return action, 0.0, False, False, {"seen": repr(seen)}
+
+
+def _seen_types(action):
+    """(type, dtype) of an action, recursively through dicts and tuples."""
+    if isinstance(action, dict):
+        return {k: _seen_types(v) for k, v in action.items()}
+    if isinstance(action, tuple):
+        return tuple(_seen_types(v) for v in action)
+    return type(action).__name__, str(np.asarray(action).dtype)
+
+
+F32 = np.float32
+ACTION_DTYPE_CASES = {
+    "box0": (spaces.Box(0, 1, (), F32), [np.float64, np.float32, np.float16, np.float64]),
+    "box2": (spaces.Box(0, 1, (2,), F32), [np.float64, np.float32, np.float64, np.float16]),
+    "discrete": (spaces.Discrete(3), [np.int32, np.int64, np.int8, np.uint8, np.int32]),
+    "multibinary": (spaces.MultiBinary(3), [np.bool_, np.int8, np.int64]),
+    "dict": (spaces.Dict({"a": spaces.Box(0, 1, (), F32), "b": spaces.Discrete(3),
+                          "c": spaces.Box(0, 1, (2,), F32)}),
+             [(np.float64, np.int32, np.float64), (np.float32, np.int64, np.float32),
+              (np.float16, np.int16, np.float64)]),
+}
+
+
+def _batch_of(space, dtypes, n, rng):
+    if isinstance(space, spaces.Dict):
+        return {key: _batch_of(sub, (d,), n, rng) for (key, sub), d in zip(space.spaces.items(), dtypes)}
+    shape = (n, *space.shape)
+    if isinstance(space, spaces.Discrete):
+        return rng.integers(0, space.n, size=shape).astype(dtypes[0])
+    if isinstance(space, spaces.MultiBinary):
+        return rng.integers(0, 2, size=shape).astype(dtypes[0])
+    return rng.random(shape).astype(dtypes[0])
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (2, False)])
+@pytest.mark.parametrize("case", sorted(ACTION_DTYPE_CASES))
+def test_env_sees_action_dtype_of_the_batch(case, num_workers, caller_steps, closing):
+    """As SyncVectorEnv, each env gets an element of the batch the caller
+    passed: a float64 batch for a float32 Box gives np.float64 actions (so
+    ``time.sleep(action)`` works), an int32 batch for a Discrete np.int32."""
+    space, dtypes = ACTION_DTYPE_CASES[case]
+    envs, ref = pair(functools.partial(ActionTypeEnv, space), 4, num_workers=num_workers,
+                     caller_steps=caller_steps, start_method="fork")
+    closing(envs), closing(ref)
+    assert_same(envs.reset(seed=0), ref.reset(seed=0), "reset")
+    rng = np.random.default_rng(0)
+    for t, d in enumerate(dtypes):
+        actions = _batch_of(space, d if isinstance(d, tuple) else (d,), 4, rng)
+        out, expected = envs.step(actions), ref.step(actions)
+        assert_same(out, expected, f"step {t} ({d})")
+
+
+def test_async_send_casts_actions_to_the_space_dtype(closing):
+    """send() writes some rows while other envs read theirs: it stores the
+    batch in the action space's dtype, whatever the caller's dtype."""
+    envs = shmvec.ShmVecEnv([functools.partial(ActionTypeEnv, spaces.Box(0, 1, (2,), F32))] * 4,
+                            batch_size=2, num_workers=2, start_method="fork")
+    closing(envs)
+    envs.async_reset(seed=0)
+    seen = []
+    for t in range(6):
+        obs, _, _, _, infos = envs.recv()
+        seen += [s for s, ok in zip(infos.get("seen", []), infos.get("_seen", [])) if ok]
+        dtype = np.float64 if t % 2 else np.float32
+        envs.send(np.full((2, 2), 0.5, dtype), infos["env_id"])
+        assert obs.dtype == np.float32
+    assert seen and set(seen) == {repr(("ndarray", "float32"))}
 
 
 @pytest.mark.slow
