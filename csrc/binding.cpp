@@ -349,6 +349,9 @@ PYBIND11_MODULE(_core, m) {
       .def("step_row", &Stepper::step_row, py::arg("row"))
       .def("write_observation", &Stepper::write_observation, py::arg("row"), py::arg("obs"))
       .def("clear_autoreset", &Stepper::clear_autoreset, py::arg("row"))
+      .def("attach_info_columns", &Stepper::attach_info_columns, py::arg("values"), py::arg("flags"),
+           py::arg("types"))
+      .def_property_readonly("info_schema", &Stepper::info_schema)
       .def_property_readonly("first_row", &Stepper::first_row)
       .def_property_readonly("num_envs", &Stepper::num_envs)
       .def_property_readonly("failed_row", &Stepper::failed_row);

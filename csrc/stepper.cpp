@@ -210,6 +210,95 @@ py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
   return action;
 }
 
+void Stepper::attach_info_columns(py::array values, py::array flags, py::dict types) {
+  if (values.ndim() != 2 || values.shape(0) < first_row_ + num_envs() || values.itemsize() != 8 ||
+      !(values.flags() & py::array::c_style) || !values.writeable())
+    throw std::invalid_argument("info values must be a writable (num_envs, C) array of 8-byte cells");
+  if (flags.ndim() != 1 || flags.shape(0) != values.shape(0) || flags.itemsize() != 1 ||
+      !(flags.flags() & py::array::c_style) || !flags.writeable())
+    throw std::invalid_argument("info flags must be a writable (num_envs,) uint8 array");
+  keep_info_values_ = values;
+  keep_info_flags_ = flags;
+  info_values_ = static_cast<int64_t*>(values.mutable_data());
+  info_flags_ = static_cast<uint8_t*>(flags.mutable_data());
+  info_width_ = values.shape(1);
+  info_types_ = std::move(types);
+}
+
+py::object Stepper::info_schema() const {
+  if (schema_.empty()) return py::none();
+  py::list out;
+  for (const InfoColumn& c : schema_) out.append(py::make_tuple(c.key, c.type));
+  return std::move(out);
+}
+
+bool Stepper::adopt_schema(py::handle info) {
+  const Py_ssize_t n = PyDict_GET_SIZE(info.ptr());
+  if (n > info_width_) return false;
+  std::vector<InfoColumn> schema;
+  Py_ssize_t pos = 0;
+  PyObject *key, *value;
+  while (PyDict_Next(info.ptr(), &pos, &key, &value)) {
+    // Keys that VectorEnv._add_info treats specially, or whose mask key
+    // could collide with another key, stay on the record path.
+    if (!PyUnicode_CheckExact(key) || PyUnicode_GET_LENGTH(key) == 0 ||
+        PyUnicode_READ_CHAR(key, 0) == '_' || PyUnicode_CompareWithASCIIString(key, "final_obs") == 0 ||
+        PyUnicode_CompareWithASCIIString(key, "final_info") == 0)
+      return false;
+    PyObject* storage = PyDict_GetItem(info_types_.ptr(), reinterpret_cast<PyObject*>(Py_TYPE(value)));
+    if (!storage) return false;
+    schema.push_back({py::reinterpret_borrow<py::object>(key),
+                      py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(value))),
+                      PyObject_IsTrue(storage) == 1});
+  }
+  schema_ = std::move(schema);
+  return true;
+}
+
+bool Stepper::store_info(py::ssize_t row, py::handle info) {
+  if (!info_flags_) return false;
+  info_flags_[row] = 0;
+  if (!PyDict_CheckExact(info.ptr()) || PyDict_GET_SIZE(info.ptr()) == 0) return false;
+  if (schema_.empty() && !adopt_schema(info)) return false;
+  if (PyDict_GET_SIZE(info.ptr()) != static_cast<Py_ssize_t>(schema_.size())) return false;
+  int64_t* cells = info_values_ + row * info_width_;
+  Py_ssize_t pos = 0, j = 0;
+  PyObject *key, *value;
+  // Cells are written as we go: a mismatch leaves flag 0, and the front end
+  // then ignores the row's cells.
+  while (PyDict_Next(info.ptr(), &pos, &key, &value)) {
+    const InfoColumn& c = schema_[j++];
+    if (key != c.key.ptr()) {  // the same literal key is usually the same object
+      int same = PyObject_RichCompareBool(key, c.key.ptr(), Py_EQ);
+      if (same != 1) {
+        PyErr_Clear();
+        return false;
+      }
+    }
+    if (reinterpret_cast<PyObject*>(Py_TYPE(value)) != c.type.ptr()) return false;
+    if (c.as_int) {
+      int overflow = 0;
+      PyObject* index = PyNumber_Index(value);
+      long long x = index ? PyLong_AsLongLongAndOverflow(index, &overflow) : -1;
+      Py_XDECREF(index);
+      if (!index || overflow || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return false;
+      }
+      cells[j - 1] = static_cast<int64_t>(x);
+    } else {
+      double d = PyFloat_AsDouble(value);
+      if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+      }
+      std::memcpy(&cells[j - 1], &d, sizeof d);
+    }
+  }
+  info_flags_[row] = 1;
+  return true;
+}
+
 py::object Stepper::step(py::object object_actions) {
   py::object records = py::none();
   const bool have_objects = !object_actions.is_none();
@@ -276,7 +365,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
   }
   failed_row_ = -1;
 
-  const bool has_info = !is_empty_dict(info);
+  const bool has_info = !store_info(row, info) && !is_empty_dict(info);
   const bool ended_same_step = static_cast<bool>(final_info);
   const bool has_objects = objects && !objects.is_none();
   if (!(has_info || ended_same_step || has_objects)) return py::none();

@@ -61,6 +61,18 @@ class Stepper {
   // After an explicit reset the env is no longer waiting for an autoreset.
   void clear_autoreset(py::ssize_t row) { needs_reset_.at(row - first_row_) = 0; }
 
+  // Infos as columns (sync mode): `values` is a (num_envs, C) int64 array
+  // whose 8-byte cells hold doubles or int64s, `flags` a (num_envs,) uint8
+  // array, `types` a dict {value type: 0 (stored as double) or 1 (int64)}.
+  // The first step info whose keys are strings and whose values all have a
+  // type in `types` becomes the slice's schema; from then on every info with
+  // the same keys, in the same order, with values of the same types, is
+  // written into its row's cells (flag 1) instead of travelling by pickle in
+  // a record. Anything else still goes in the record (flag 0).
+  void attach_info_columns(py::array values, py::array flags, py::dict types);
+  // [(key, type), ...] once a schema is adopted, else None.
+  py::object info_schema() const;
+
   py::ssize_t first_row() const { return first_row_; }
   py::ssize_t num_envs() const { return static_cast<py::ssize_t>(envs_.size()); }
   py::ssize_t failed_row() const { return failed_row_; }
@@ -71,6 +83,15 @@ class Stepper {
   // Returns the list of non-fixed leaves (or None) after writing fixed ones.
   py::object write_leaves(std::vector<ArrayLeaf*>& targets, py::ssize_t row, py::handle obs);
   void write_leaf(ArrayLeaf& leaf, py::ssize_t row, py::handle value);
+  // Writes `info` into the row's info cells if it fits the schema (adopting
+  // one if there is none yet); false if it must travel in a record.
+  bool store_info(py::ssize_t row, py::handle info);
+  bool adopt_schema(py::handle info);
+
+  struct InfoColumn {
+    py::object key, type;
+    bool as_int;
+  };
 
   std::vector<py::object> envs_;
   py::ssize_t first_row_;
@@ -93,6 +114,13 @@ class Stepper {
   py::ssize_t failed_row_ = -1;
   py::str step_name_, reset_name_, copy_name_;
   py::array keep_rewards_, keep_terminations_, keep_truncations_;
+  // Info columns; info_flags_ is null while they are off (async mode).
+  py::array keep_info_values_, keep_info_flags_;
+  int64_t* info_values_ = nullptr;
+  uint8_t* info_flags_ = nullptr;
+  py::ssize_t info_width_ = 0;
+  py::dict info_types_;
+  std::vector<InfoColumn> schema_;
 };
 
 }  // namespace shmvec

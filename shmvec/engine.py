@@ -23,6 +23,7 @@ from shmvec._system import IS_LINUX, PARENT_ONLY_FDS, allowed_cpu_ids, usable_cp
 from shmvec.cpus import choose_cpus
 from shmvec.env_slice import EnvSlice, make_envs
 from shmvec.errors import RemoteTraceback, ShmVecError, ShmVecTimeoutError, WorkerDiedError, describe_exit
+from shmvec.info_columns import InfoColumns
 from shmvec.layout import DataLayout
 from shmvec.worker import FdHandle, WorkerSpec
 from shmvec.worker import main as worker_main
@@ -322,6 +323,8 @@ class Engine:
         _core.resize_shared_file(self._fds[1], total)
         self._data = _core.Mapping(self._fds[1], total)
         self.views = self.layout.views(self._data)
+        self.info_columns = None if self.async_mode else InfoColumns(
+            self.views["info_values"], self.views["info_flags"], self._slice_rows(), self._info_schema)
         self.views["action_dtypes"][:] = self.layout.action_space_codes  # until the first batch
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
@@ -333,6 +336,19 @@ class Engine:
             self._attach_request = P.dumps((self.layout, obs_space, act_space, autoreset_code))
             self._post(P.ATTACH, [self._attach_request] * self.num_workers)
             self._collect(range(self.num_workers))
+
+    def _slice_rows(self) -> list[range]:
+        """The rows of every slice: the caller's first, then each worker's."""
+        return ([self._caller.rows] if self._caller is not None else []) + list(self.worker_rows)
+
+    def _info_schema(self, k: int):
+        """Slice k's info-column schema (see shmvec.info_columns)."""
+        if self._caller is not None:
+            if k == 0:
+                return self._caller.stepper.info_schema
+            k -= 1
+        self._post(P.INFO_SCHEMA, None, [k])
+        return P.loads(self._collect([k])[0])
 
     # -- commands -----------------------------------------------------------
 
@@ -588,6 +604,7 @@ class Engine:
             self.views["rewards"][rows] = 0.0
             self.views["terminations"][rows] = False
             self.views["truncations"][rows] = True
+            self.info_columns.clear(rows)  # their infos are in their reset records
             records.sort(key=lambda record: record[0])  # their reset records came last
         return records
 

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 
 from shmvec import _core
+from shmvec.info_columns import INFO_STORAGE
 from shmvec.layout import DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback
 
 __all__ = ["EnvSlice", "AUTORESET_CODES"]
@@ -97,6 +98,8 @@ class EnvSlice:
             autoreset_mode=autoreset_code,
             write_fallback=write_leaf_fallback,
         )
+        if layout.async_offset is None:  # async records carry their infos themselves
+            self.stepper.attach_info_columns(views["info_values"], views["info_flags"], INFO_STORAGE)
 
     def step(self, object_actions: list | None = None):
         try:

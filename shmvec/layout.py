@@ -18,6 +18,7 @@ from gymnasium import spaces
 
 __all__ = ["Leaf", "leaves_of", "flattener", "unflattener", "DataLayout", "write_leaf_fallback"]
 
+INFO_COLUMNS = 32  # at most this many keys in an info that travels as columns
 FIXED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 ALIGN = 128
 
@@ -174,6 +175,10 @@ class DataLayout:
         self.rewards = self._add((n,), np.dtype(np.float64))
         self.terminations = self._add((n,), np.dtype(np.bool_))
         self.truncations = self._add((n,), np.dtype(np.bool_))
+        # Step infos that fit a slice's schema, as columns of 8-byte cells
+        # (see shmvec.info_columns), and per env whether its info is there.
+        self.info_values = self._add((n, INFO_COLUMNS), np.dtype(np.int64))
+        self.info_flags = self._add((n,), np.dtype(np.uint8))
         # Async mode's rings and per-env record slots (laid out by the core).
         self.record_capacity = record_capacity
         self.async_offset = None
@@ -233,4 +238,6 @@ class DataLayout:
             "rewards": self.view(buffer, self.rewards),
             "terminations": self.view(buffer, self.terminations),
             "truncations": self.view(buffer, self.truncations),
+            "info_values": self.view(buffer, self.info_values),
+            "info_flags": self.view(buffer, self.info_flags),
         }

@@ -171,7 +171,12 @@ class ShmVecEnv(VecEnv):
         timeouts = (io.truncations & ~io.terminations).tolist()
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in timeouts]
         restarted = set(self._engine.restarted_rows)
+        columns = self._engine.info_columns
+        for row in columns.rows().tolist():  # infos that came as columns: fresh dicts already
+            infos[row] = {**columns.row(row), "TimeLimit.truncated": timeouts[row]}
         for row, info, ended, final_info, objects, final_obs in records:
+            if info is None and columns.flags[row]:
+                info = columns.row(row)  # its reset info, after an episode end
             io.update_objects(row, objects)
             if row in restarted:  # a fresh worker reset it: this is its reset info
                 self.reset_infos[row] = info or {}

@@ -16,6 +16,7 @@ from shmvec.engine import CLOSE_GRACE_S, Engine
 from shmvec.env_slice import AUTORESET_CODES
 from shmvec.call_state import CallState, PendingCall
 from shmvec.errors import ShmVecError, ShmVecTimeoutError
+from shmvec.info_columns import InfoColumns
 from shmvec.batch_io import BatchIO
 from shmvec.contract import checked_reset_mask, per_env_values, seeds_for
 
@@ -290,7 +291,7 @@ class ShmVecEnv(VectorEnv):
         io = self._io
         if self.autoreset_mode is AutoresetMode.DISABLED:
             np.logical_or(io.terminations, io.truncations, out=self._autoreset_envs)
-        infos = self._infos(records) if records else {}
+        infos = self._step_infos(records)
         for row in self._engine.restarted_rows:  # reset by fresh workers, truncated
             if self.autoreset_mode is AutoresetMode.SAME_STEP:
                 final_obs = self._io.observation(row, snapshot=self._last_observations)
@@ -443,14 +444,30 @@ class ShmVecEnv(VectorEnv):
             self._reset_required = "an env raised during the last call; reset() all envs before stepping again"
             raise
 
-    def _infos(self, records: list) -> dict[str, Any]:
-        """Vectorises the records exactly as SyncVectorEnv does, env by env."""
+    def _step_infos(self, records: list) -> dict[str, Any]:
+        """A step's infos: straight from the info columns when every env's
+        info is there (no per-env work), else env by env."""
+        if not records:
+            infos = self._engine.info_columns.batch()
+            if infos is not None:
+                return infos
+        return self._infos(records, self._engine.info_columns)
+
+    def _infos(self, records: list, columns: InfoColumns | None = None) -> dict[str, Any]:
+        """Vectorises the records (and infos in `columns`) exactly as
+        SyncVectorEnv does, env by env."""
         infos: dict[str, Any] = {}
-        for row, info, ended, final_info, objects, final_obs in records:
-            self._io.update_objects(row, objects)
-            if ended:
-                final = {"final_obs": final_obs, "final_info": final_info}
-                infos = self._add_info(infos, final, row)
+        by_row = {record[0]: record for record in records}
+        rows = sorted(by_row.keys() | set(columns.rows().tolist())) if columns is not None else list(by_row)
+        for row in rows:
+            info = None
+            if row in by_row:
+                _, info, ended, final_info, objects, final_obs = by_row[row]
+                self._io.update_objects(row, objects)
+                if ended:
+                    infos = self._add_info(infos, {"final_obs": final_obs, "final_info": final_info}, row)
+            if info is None and columns is not None and columns.flags[row]:
+                info = columns.row(row)
             if info is not None:
                 infos = self._add_info(infos, info, row)
         return infos

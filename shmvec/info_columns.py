@@ -1,0 +1,101 @@
+"""Step infos as columns in shared memory, vectorized without per-env Python.
+
+Most envs return the same small dict of numbers at every step (MuJoCo's
+``x_position``..., Atari's ``lives``...). Vectorizing it the way
+``VectorEnv._add_info`` does, env by env and key by key in the caller, costs
+more than the step of a cheap env. Instead each slice's native stepper adopts
+the first such info as its *schema* (keys in order, one value type per key)
+and writes every matching info into its row's 8-byte cells, setting the row's
+flag; anything else (nested dicts, arrays, strings, other keys) still travels
+by pickle in a record. When every info of a step is in columns of one schema,
+the batch's infos are a few array copies, exactly what ``_add_info`` builds:
+same keys in the same order, one ``_key`` mask per key, the dtype of the
+value's type, zeros where an env had no info.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["INFO_STORAGE", "InfoColumns"]
+
+# Value types an info column takes, and how its cells store them: 0 as a
+# double (exact for these floats), 1 as an int64. np.bool_ is missing on
+# purpose: _add_info puts it in an object array.
+INFO_STORAGE = {
+    float: 0, np.float64: 0, np.float32: 0, np.float16: 0,
+    int: 1, bool: 1, np.int64: 1, np.int32: 1, np.int16: 1, np.int8: 1,
+    np.uint32: 1, np.uint16: 1, np.uint8: 1,
+}
+
+Schema = list  # [(key, value type), ...]
+
+
+class InfoColumns:
+    """Reads the info columns of a step.
+
+    `slices` are the env rows of each slice; `fetch_schema(k)` returns slice
+    k's schema (or None if it has adopted none yet), asked only once it has
+    one, since a schema never changes after it is adopted."""
+
+    def __init__(self, values: np.ndarray, flags: np.ndarray, slices: Sequence[range],
+                 fetch_schema: Callable[[int], Schema | None]):
+        self.num_envs = len(flags)
+        self._ints = values
+        self._floats = values.view(np.float64)
+        self.flags = flags
+        self._slices = list(slices)
+        self._fetch = fetch_schema
+        self._schemas: list[Schema | None] = [None] * len(self._slices)
+        self._of_row = np.empty(self.num_envs, dtype=np.int64)  # slice index of each row
+        for k, rows in enumerate(self._slices):
+            self._of_row[rows.start:rows.stop] = k
+
+    def _schema(self, k: int) -> Schema:
+        if self._schemas[k] is None:
+            self._schemas[k] = self._fetch(k)
+            if self._schemas[k] is None:
+                raise RuntimeError(f"shmvec: slice {k} wrote info columns without a schema")
+        return self._schemas[k]
+
+    def rows(self) -> np.ndarray:
+        """The rows whose info of the last step is in columns."""
+        return np.flatnonzero(self.flags)
+
+    def batch(self) -> dict[str, Any] | None:
+        """The vectorized infos of the last step, if every row's info is in
+        columns (or absent) and all share one schema; else None."""
+        mask = self.flags.astype(np.bool_)
+        if not mask.any():
+            return {}
+        used = np.unique(self._of_row[mask])
+        schema = self._schema(int(used[0]))
+        if any(self._schema(int(k)) != schema for k in used[1:]):
+            return None
+        infos: dict[str, Any] = {}
+        absent = ~mask
+        for column, (key, kind) in enumerate(schema):
+            cells = self._ints if INFO_STORAGE[kind] else self._floats
+            values = cells[:, column].astype(np.dtype(kind))
+            values[absent] = 0
+            infos[key] = values
+            infos[f"_{key}"] = mask.copy()
+        return infos
+
+    def row(self, row: int) -> dict[str, Any]:
+        """One row's info, as the env returned it (same value types)."""
+        schema = self._schema(int(self._of_row[row]))
+        out = {}
+        for column, (key, kind) in enumerate(schema):
+            if INFO_STORAGE[kind]:
+                out[key] = kind(int(self._ints[row, column]))
+            else:
+                out[key] = kind(float(self._floats[row, column]))
+        return out
+
+    def clear(self, rows: Sequence[int]) -> None:
+        """Marks rows as having no info in columns (e.g. restarted envs)."""
+        self.flags[list(rows)] = 0

@@ -1,0 +1,122 @@
+"""Step infos that travel as columns in shared memory (shmvec.info_columns):
+exactly what SyncVectorEnv's env-by-env vectorization gives (keys, order,
+masks, dtypes), whichever envs have infos, whatever value types they use,
+and whichever infos fall back to the record path."""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from helpers import assert_same, run_lockstep
+
+import shmvec
+
+LAYOUTS = [(1, True), (2, False), (0, True)]
+
+
+class InfoEnv(gym.Env):
+    """Infos of one schema most steps (the common case), with variations:
+    `pattern` picks which envs sometimes return none, another schema, or
+    values that cannot be columns."""
+
+    observation_space = spaces.Box(-1, 1, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, index: int, pattern: str = "same", max_steps: int = 7):
+        self.index, self.pattern, self.max_steps = index, pattern, max_steps
+
+    def _info(self) -> dict:
+        t, i = self.t, self.index
+        info = {"x_position": float(t * 0.5 + i), "lives": 3 - t % 3, "alive": t % 2 == 0,
+                "reward_ctrl": np.float32(-0.25 * t), "frame": np.int32(4 * t)}
+        if self.pattern == "sometimes_empty" and (t + i) % 3 == 0:
+            return {}
+        if self.pattern == "other_schema" and i % 2:
+            return {"lives": t, "x_position": float(t)}  # other keys, other order
+        if self.pattern == "odd_values" and t % 4 == 1:
+            info = dict(info, frame=np.bool_(True), name=f"t{t}", nested={"a": t})
+        if self.pattern == "big_ints" and t % 3 == 2:
+            info = dict(info, lives=np.uint64(2**40 + t))  # a type the columns do not take
+        return info
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), self._info()
+
+    def step(self, action):
+        self.t += 1
+        obs = np.full(2, self.t / 10, np.float32)
+        return obs, 1.0, self.t >= self.max_steps - self.index % 3, False, self._info()
+
+
+def pair(pattern, mode, num_workers, caller_steps, num_envs=5):
+    fns = [functools.partial(InfoEnv, i, pattern) for i in range(num_envs)]
+    envs = shmvec.ShmVecEnv(fns, autoreset_mode=mode, num_workers=num_workers, caller_steps=caller_steps,
+                            start_method="fork")
+    return envs, SyncVectorEnv(fns, autoreset_mode=mode)
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED],
+                         ids=lambda m: m.value)
+@pytest.mark.parametrize("pattern", ["same", "sometimes_empty", "other_schema", "odd_values", "big_ints"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["caller+1worker", "2workers", "caller-only"])
+def test_infos_match_sync(pattern, mode, layout, closing):
+    envs, ref = pair(pattern, mode, *layout)
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=25)
+
+
+def test_common_case_takes_the_columns(closing):
+    """The point of it: infos of one schema come from the columns, not
+    from pickled records vectorized env by env."""
+    envs, ref = pair("same", AutoresetMode.NEXT_STEP, 1, True)
+    closing(envs), closing(ref)
+    envs.reset(seed=0), ref.reset(seed=0)
+    *_, infos = envs.step(np.zeros(5, np.int64))
+    assert_same(infos, ref.step(np.zeros(5, np.int64))[-1])
+    columns = envs._engine.info_columns
+    assert columns.rows().tolist() == [0, 1, 2, 3, 4]
+    assert list(infos) == ["x_position", "_x_position", "lives", "_lives", "alive", "_alive",
+                           "reward_ctrl", "_reward_ctrl", "frame", "_frame"]
+    assert infos["reward_ctrl"].dtype == np.float32 and infos["frame"].dtype == np.int32
+    infos["_lives"][0] = False  # each mask is its own array, as _add_info makes them
+    assert infos["_alive"][0]
+
+
+def test_mujoco_infos_match_sync(closing):
+    pytest.importorskip("mujoco")
+    make = functools.partial(gym.make, "HalfCheetah-v5", max_episode_steps=30)
+    for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+        envs = shmvec.ShmVecEnv([make] * 4, num_workers=1, autoreset_mode=mode, start_method="fork")
+        ref = SyncVectorEnv([make] * 4, autoreset_mode=mode)
+        closing(envs), closing(ref)
+        run_lockstep(envs, ref, steps=70)
+        assert envs._engine.info_columns.rows().size == 4
+
+
+def test_sb3_infos_from_columns_match_dummy_vec_env():
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from shmvec.sb3 import ShmVecEnv
+
+    for pattern in ("same", "odd_values", "sometimes_empty"):
+        fns = [functools.partial(InfoEnv, i, pattern) for i in range(4)]
+        shm, dummy = ShmVecEnv(fns, num_workers=1, start_method="fork"), DummyVecEnv(fns)
+        try:
+            shm.seed(0), dummy.seed(0)
+            assert_same(shm.reset(), dummy.reset())
+            assert_same(shm.reset_infos, dummy.reset_infos)
+            for t in range(20):
+                actions = np.full(4, t % 2)
+                got, want = shm.step(actions), dummy.step(actions)
+                assert_same(got, want, f"{pattern} step {t}")
+                assert_same(shm.reset_infos, dummy.reset_infos, f"{pattern} reset infos {t}")
+        finally:
+            shm.close(), dummy.close()
