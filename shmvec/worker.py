@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from multiprocessing import reduction
 
@@ -71,6 +72,15 @@ def _limit_threads() -> None:
         pass
 
 
+def _limit_env_threads() -> None:
+    """One thread for the pools that envs bring and the BLAS cap does not
+    reach: OpenCV's (Gymnasium's AtariPreprocessing resizes with it), which
+    otherwise starts a thread per CPU in every worker."""
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None:
+        cv2.setNumThreads(1)
+
+
 def _encode_error(exc: BaseException, row: int) -> bytes:
     return P.dumps(P.RemoteError.capture(exc, row))
 
@@ -112,6 +122,7 @@ class Worker:
         try:
             factories = cloudpickle.loads(self.spec.factories)
             self.slice = EnvSlice(make_envs(factories, self.spec.first_row), self.spec.first_row)
+            _limit_env_threads()
         except BaseException as exc:
             self.setup_error = P.RemoteError.capture(exc, getattr(exc, "shmvec_row", self.spec.first_row))
         command = None
