@@ -16,7 +16,7 @@ namespace shmvec {
 // words written by different processes from sharing a line.
 constexpr std::size_t kLine = 128;
 constexpr uint64_t kMagic = 0x63657676686d73ULL;  // "shmvvec"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 // A 32-bit futex word alone on its line.
 struct alignas(kLine) Word {
@@ -31,11 +31,15 @@ struct alignas(kLine) ArenaHeader {
   uint32_t num_workers;
   uint64_t request_capacity;
   uint64_t reply_capacity;
-  // Workers still busy with the current command; each decrements it when
-  // done and the last one wakes the front end, which sleeps on this word.
-  Word pending;
-  // 1 while the front end sleeps on `pending` (written by the front end only).
-  Word front_sleeping;
+  // Completions of commands, counted by each worker after it publishes
+  // done_id. Never reset: a late count from an earlier command is one more,
+  // never one taken away from a later command. The front end sleeps on it.
+  Word completions;
+  // Written by the front end only, before it sleeps on `completions`.
+  struct alignas(kLine) {
+    std::atomic<uint32_t> sleeping;  // 1 while it sleeps
+    std::atomic<uint32_t> wake_at;   // the count of completions to wake it at
+  } front;
 };
 
 struct alignas(kLine) WorkerControl {
