@@ -24,6 +24,7 @@ struct alignas(kLine) Word {
 };
 static_assert(sizeof(Word) == kLine);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<int64_t>::is_always_lock_free);
 
 struct alignas(kLine) ArenaHeader {
   uint64_t magic;
@@ -51,7 +52,10 @@ struct alignas(kLine) WorkerControl {
     uint32_t code;
     uint32_t arg;
     uint64_t request_len;
-    int64_t posted_ns;  // when it was posted: lets the worker learn the front end's pace
+    // When it was posted: lets the worker learn the front end's pace. Atomic:
+    // a worker woken by a ring for async work reads it while the front end
+    // may be posting the next command.
+    std::atomic<int64_t> posted_ns;
     // Changes with every command (the doorbell also rings for async work).
     // Stored last, with release: a worker that acquires a new id sees the
     // fields above as the front end wrote them.

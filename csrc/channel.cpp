@@ -92,7 +92,8 @@ void FrontChannel::post(const std::vector<uint32_t>& workers, uint32_t code, uin
     c->command.code = code;
     c->command.arg = arg;
     c->command.request_len = request_lens.empty() ? 0 : request_lens[i];
-    c->command.posted_ns = now;
+    // Relaxed: only a hint for the worker's spin budget (see wait_doorbell).
+    c->command.posted_ns.store(now, std::memory_order_relaxed);
     c->command.id.store(id, std::memory_order_release);
     ring(workers[i]);
   }
@@ -290,8 +291,11 @@ bool WorkerChannel::wait_doorbell() {
       [this] { return platform::first_ready_fd(&parent_fd_, 1) < 0; });
   if (!ok) return false;
   seen_ = c->cmd_seq.value.load(std::memory_order_acquire);
-  // The front end's pace: when it posted, not when we woke up.
-  spin_.observe(std::max<int64_t>(0, c->command.posted_ns - start));
+  // The front end's pace: when it posted, not when we woke up. A ring may be
+  // for async work, or for a command we already took, while the front end
+  // posts the next one: the stamp may belong to any of them, which only
+  // blurs a hint; relaxed is enough, atomic so that it is never torn.
+  spin_.observe(std::max<int64_t>(0, c->command.posted_ns.load(std::memory_order_relaxed) - start));
   return true;
 }
 

@@ -11,7 +11,7 @@
 // counting it, where a lost wake-up used to hide.
 //
 // Usage: test_threads [rounds [test]]   (rounds of the stress test, default
-// 3000; test: abandon, wakeup or stress to run only that one)
+// 20000; test: abandon, wakeup or stress to run only that one)
 #include <unistd.h>
 
 #include <algorithm>
@@ -466,7 +466,7 @@ void test_abandon_still_wakes() {
 
 int main(int argc, char** argv) {
   test_hooks::between_publish_and_count = pause_between_publish_and_count;
-  const uint32_t rounds = argc > 1 ? static_cast<uint32_t>(std::atoi(argv[1])) : 3000;
+  const uint32_t rounds = argc > 1 ? static_cast<uint32_t>(std::atoi(argv[1])) : 20000;
   const char* only = argc > 2 ? argv[2] : nullptr;
   const auto wanted = [only](const char* name) { return !only || std::strcmp(only, name) == 0; };
   if (wanted("abandon")) test_abandon_still_wakes();
