@@ -105,7 +105,8 @@ class Worker:
         self.slice: EnvSlice | None = None
         self.setup_error: P.RemoteError | None = None
         self.data_mapping = None
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes] = []  # of a request larger than the request area
+        self.chunk_tag = 0  # the tag (arg) of the request they belong to
         self.overflow: dict[int, bytes] = {}  # async records too large for their slots
 
     def run(self) -> None:
@@ -118,7 +119,7 @@ class Worker:
         while True:
             if command is None:
                 command = self._next_command()
-            code, _arg, request_len, payload = command
+            code, arg, request_len, payload = command
             command = None
             if code == 0:  # the front end is gone
                 return
@@ -127,11 +128,15 @@ class Worker:
                 continue
             request = bytes(self.request_area[:request_len])
             if code == P.REQUEST_CHUNK:
+                if arg != self.chunk_tag:  # a new request: an earlier one was cut short
+                    self.chunks.clear()
+                    self.chunk_tag = arg
                 self.chunks.append(request)
                 self.channel.complete(P.OK)
                 continue
             if self.chunks:
-                request = b"".join(self.chunks) + request
+                if arg == self.chunk_tag:  # else they are stale: drop them
+                    request = b"".join(self.chunks) + request
                 self.chunks.clear()
             status, reply = self._handle(code, request)
             command = self._reply(status, reply)
