@@ -7,6 +7,7 @@ never returns to Python for a plain step), everything else here.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import numpy  # noqa: F401
 
 from shmvec import _core
 from shmvec import protocol as P
-from shmvec._system import PARENT_ONLY_FDS, pin_to_cpu
+from shmvec._system import close_arena_fds, pin_to_cpu
 from shmvec.env_slice import EnvSlice, make_envs
 
 __all__ = ["FdHandle", "WorkerSpec", "main"]
@@ -79,11 +80,14 @@ def main(spec: WorkerSpec) -> None:
     # Ctrl-C reaches the whole process group; the front end decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.start_method == "fork":
-        # Else we would keep our own (or another engine's) front end "alive",
-        # and CPUs reserved after their engine closed.
-        for fd in PARENT_ONLY_FDS:
-            os.close(fd)
-        PARENT_ONLY_FDS.clear()
+        # The parent-only fds are closed already (a fork hook in _system).
+        # Everything else inherited is the front end's: never finalize it
+        # here (a vector env's __del__ would close the parent's engine), and
+        # let go of every arena, so that each is freed when its engine
+        # closes: the mappings (we map our own below) and the memfds but ours.
+        gc.freeze()
+        _core.unmap_all()
+        close_arena_fds(keep=spec.arena.fd)
     if spec.cpu is not None:
         pin_to_cpu(spec.cpu)
     _limit_threads()
