@@ -16,7 +16,7 @@ namespace shmvec {
 // words written by different processes from sharing a line.
 constexpr std::size_t kLine = 128;
 constexpr uint64_t kMagic = 0x63657676686d73ULL;  // "shmvvec"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 // A 32-bit futex word alone on its line.
 struct alignas(kLine) Word {
@@ -24,6 +24,7 @@ struct alignas(kLine) Word {
 };
 static_assert(sizeof(Word) == kLine);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<int64_t>::is_always_lock_free);
 
 struct alignas(kLine) ArenaHeader {
   uint64_t magic;
@@ -31,11 +32,15 @@ struct alignas(kLine) ArenaHeader {
   uint32_t num_workers;
   uint64_t request_capacity;
   uint64_t reply_capacity;
-  // Workers still busy with the current command; each decrements it when
-  // done and the last one wakes the front end, which sleeps on this word.
-  Word pending;
-  // 1 while the front end sleeps on `pending` (written by the front end only).
-  Word front_sleeping;
+  // Completions of commands, counted by each worker after it publishes
+  // done_id. Never reset: a late count from an earlier command is one more,
+  // never one taken away from a later command. The front end sleeps on it.
+  Word completions;
+  // Written by the front end only, before it sleeps on `completions`.
+  struct alignas(kLine) {
+    std::atomic<uint32_t> sleeping;  // 1 while it sleeps
+    std::atomic<uint32_t> wake_at;   // the count of completions to wake it at
+  } front;
 };
 
 struct alignas(kLine) WorkerControl {
@@ -47,7 +52,10 @@ struct alignas(kLine) WorkerControl {
     uint32_t code;
     uint32_t arg;
     uint64_t request_len;
-    int64_t posted_ns;  // when it was posted: lets the worker learn the front end's pace
+    // When it was posted: lets the worker learn the front end's pace. Atomic:
+    // a worker woken by a ring for async work reads it while the front end
+    // may be posting the next command.
+    std::atomic<int64_t> posted_ns;
     // Changes with every command (the doorbell also rings for async work).
     // Stored last, with release: a worker that acquires a new id sees the
     // fields above as the front end wrote them.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <system_error>
+#include <unordered_set>
 
 #include "arena.hpp"
 #include "channel.hpp"
@@ -26,6 +27,14 @@ constexpr uint32_t kStepCommand = 1;
   throw std::system_error(err, std::generic_category(), what);
 }
 
+class Mapping;
+// Every Mapping of this process, so that a forked worker can unmap those it
+// inherited. Only touched with the GIL held (Python makes and frees them).
+std::unordered_set<Mapping*>& all_mappings() {
+  static auto* mappings = new std::unordered_set<Mapping*>();  // never destroyed: no exit-order trouble
+  return *mappings;
+}
+
 // A MAP_SHARED mapping of an arena file. Exposes the buffer protocol, so numpy
 // arrays are views onto it and keep it mapped as long as they live.
 class Mapping {
@@ -33,12 +42,22 @@ class Mapping {
   Mapping(int fd, std::size_t size) : size_(size) {
     base_ = static_cast<char*>(platform::map_shared(fd, size));
     if (!base_) throw_errno(errno, "mmap of the shmvec arena");
+    all_mappings().insert(this);
   }
-  ~Mapping() { platform::unmap(base_, size_); }
+  ~Mapping() {
+    all_mappings().erase(this);
+    platform::unmap(base_, size_);
+  }
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   char* base() const { return base_; }
   std::size_t size() const { return size_; }
+  // Unmaps it for good; views made before must never be touched again.
+  void unmap() {
+    platform::unmap(base_, size_);
+    base_ = nullptr;
+    size_ = 0;
+  }
 
  private:
   char* base_;
@@ -293,6 +312,10 @@ PYBIND11_MODULE(_core, m) {
                           l.reply_area(nullptr, worker) - static_cast<char*>(nullptr));
   }, py::arg("num_workers"), py::arg("request_capacity"), py::arg("reply_capacity"), py::arg("worker"),
      "(request offset, reply offset) of a worker's byte areas in the arena.");
+  m.def("unmap_all", [] {
+    for (Mapping* m : all_mappings()) m->unmap();
+  }, "Unmaps every arena mapping of this process for good (the objects stay, empty): for a "
+     "worker made by fork, whose inherited mappings are its parent's, before it maps its own.");
   m.def("async_region_size", &AsyncRegion::size, py::arg("num_envs"), py::arg("num_workers"),
         py::arg("record_capacity"));
 

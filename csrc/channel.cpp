@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "platform.hpp"
+#include "test_hooks.hpp"
 
 namespace shmvec {
 
@@ -80,12 +81,8 @@ void FrontChannel::post(const std::vector<uint32_t>& workers, uint32_t code, uin
   if (!request_lens.empty() && request_lens.size() != workers.size())
     throw std::invalid_argument("one request length per worker");
   if (busy()) throw std::logic_error("post() while workers are still busy with a command");
-  // `pending` is only the word the front end sleeps on; done_id says who is done.
   for (uint32_t w : workers)
     if (w >= seq_.size()) throw std::out_of_range("worker index out of range");
-  // Relaxed is enough: the seq_cst store of each doorbell below releases it,
-  // and workers read it only after acquiring their doorbell.
-  header()->pending.value.store(static_cast<uint32_t>(workers.size()), std::memory_order_relaxed);
   std::fill(posted_.begin(), posted_.end(), 0);
   const int64_t now = platform::now_ns();
   const uint32_t id = ++last_id_;
@@ -95,7 +92,8 @@ void FrontChannel::post(const std::vector<uint32_t>& workers, uint32_t code, uin
     c->command.code = code;
     c->command.arg = arg;
     c->command.request_len = request_lens.empty() ? 0 : request_lens[i];
-    c->command.posted_ns = now;
+    // Relaxed: only a hint for the worker's spin budget (see wait_doorbell).
+    c->command.posted_ns.store(now, std::memory_order_relaxed);
     c->command.id.store(id, std::memory_order_release);
     ring(workers[i]);
   }
@@ -106,10 +104,13 @@ bool FrontChannel::done(uint32_t w) const {
   return control(w)->done_id.value.load(std::memory_order_acquire) == last_id_;
 }
 
-bool FrontChannel::all_done() const {
+bool FrontChannel::all_done() const { return busy_count() == 0; }
+
+uint32_t FrontChannel::busy_count() const {
+  uint32_t n = 0;
   for (uint32_t w = 0; w < seq_.size(); ++w)
-    if (posted_[w] && !done(w)) return false;
-  return true;
+    if (posted_[w] && !done(w)) ++n;
+  return n;
 }
 
 std::vector<uint32_t> FrontChannel::busy_workers() const {
@@ -149,13 +150,20 @@ int FrontChannel::wait(const std::vector<int>& sentinels, double timeout_s,
     if (platform::now_ns() >= deadline) return status = kTimedOut, false;
     return true;
   };
-  // Ready when every posted worker has published done_id = this command (the truth);
-  // `pending` is the word to sleep on: the last worker to count it down to 0
-  // wakes us. (After a worker died and was abandoned it never reaches 0, and
-  // the next slice notices instead.) The predicate reads done_id after the
-  // seq_cst load of `pending`, which is enough for the wake-up argument.
-  wait_until(h->pending.value, h->front_sleeping.value, [this](uint32_t) { return all_done(); },
-             spin_.budget_ns(), kFrontSliceNs, on_slice);
+  // Ready when every posted worker has published done_id = this command (the
+  // truth). We sleep on `completions` and ask to be woken when it reaches
+  // seen + (posted workers not seen done). Each of those counts after our load
+  // of `seen`: a count before it would have been acquired with its done_id.
+  // So the last of them reaches the mark (a late count of an earlier command
+  // may reach it sooner: we look again); and as wait_until sleeps only if the
+  // word still reads `seen` after it stored `sleeping`, that count comes after
+  // the store, sees us sleeping with this mark, and wakes us. Abandoned
+  // workers are no longer posted: nobody waits for them.
+  wait_until(h->completions.value, h->front.sleeping, [this](uint32_t) { return all_done(); },
+             spin_.budget_ns(), test_hooks::front_slice(kFrontSliceNs), on_slice,
+             [this, h](uint32_t seen) {
+               h->front.wake_at.store(seen + busy_count(), std::memory_order_relaxed);
+             });
   if (status == kReady) {
     // Learn how long the workers really took after we started waiting (their
     // completion stamps), not how long we slept: a futex wake-up costs tens of
@@ -221,7 +229,7 @@ int FrontChannel::wait_finished(uint32_t count, const std::vector<int>& sentinel
   // Envs finish one by one: spin only briefly, then sleep until a worker's push.
   wait_until(h->finished_count.value, h->front_sleeping.value,
              [popped, count](uint32_t v) { return v - popped >= count; }, 2'000,
-             kFrontSliceNs, on_slice);
+             test_hooks::front_slice(kFrontSliceNs), on_slice);
   return status;
 }
 
@@ -283,8 +291,11 @@ bool WorkerChannel::wait_doorbell() {
       [this] { return platform::first_ready_fd(&parent_fd_, 1) < 0; });
   if (!ok) return false;
   seen_ = c->cmd_seq.value.load(std::memory_order_acquire);
-  // The front end's pace: when it posted, not when we woke up.
-  spin_.observe(std::max<int64_t>(0, c->command.posted_ns - start));
+  // The front end's pace: when it posted, not when we woke up. A ring may be
+  // for async work, or for a command we already took, while the front end
+  // posts the next one: the stamp may belong to any of them, which only
+  // blurs a hint; relaxed is enough, atomic so that it is never torn.
+  spin_.observe(std::max<int64_t>(0, c->command.posted_ns.load(std::memory_order_relaxed) - start));
   return true;
 }
 
@@ -302,11 +313,15 @@ void WorkerChannel::complete(int32_t status, uint64_t reply_len, uint64_t reply_
   c->result.reply_total = reply_total;
   c->result.done_ns = platform::now_ns();
   c->done_id.value.store(current_id_, std::memory_order_release);
+  test_hooks::on_between_publish_and_count(worker_);
   ArenaHeader* h = layout_.header(base_);
-  // seq_cst pairs with the front end's (store front_sleeping, load pending).
-  if (h->pending.value.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
-      h->front_sleeping.value.load(std::memory_order_seq_cst))
-    platform::futex_wake(&h->pending.value, 1);
+  // Counted after publishing: a front end that acquires the count sees
+  // done_id. seq_cst pairs with the front end's (store sleeping, load
+  // completions) in wait_until; wake_at is released by its store of sleeping.
+  const uint32_t count = h->completions.value.fetch_add(1, std::memory_order_seq_cst) + 1;
+  if (h->front.sleeping.load(std::memory_order_seq_cst) &&
+      static_cast<int32_t>(count - h->front.wake_at.load(std::memory_order_relaxed)) >= 0)
+    platform::futex_wake(&h->completions.value, 1);
 }
 
 bool WorkerChannel::pop_todo(uint32_t* row) {

@@ -100,9 +100,9 @@ class FrontChannel {
   // Waits until every posted worker has completed. Returns a WaitStatus.
   int wait(const std::vector<int>& sentinels, double timeout_s, const Interrupted& interrupted);
   bool busy() const;
-  // Gives up on a dead worker's part of the current command: counts down
-  // `pending` for it (it never will), so the others can still be waited for.
-  // Returns whether it was still busy.
+  // Gives up on a dead worker's part of the current command: wait() no longer
+  // waits for it (nor asks its completion to wake the front end), so the
+  // others still wake it. Returns whether it was still busy.
   bool abandon(uint32_t w);
   bool done(uint32_t w) const;
   // Workers given the last command that have not completed it.
@@ -128,6 +128,7 @@ class FrontChannel {
   WorkerControl* control(uint32_t w) const { return layout_.control(base_, w); }
   void ring(uint32_t w);
   bool all_done() const;
+  uint32_t busy_count() const;  // posted workers that have not completed
   // 1 + the first busy worker whose sentinel says it died, else 0.
   int dead_worker(const std::vector<int>& sentinels, bool only_busy) const;
 
@@ -153,7 +154,8 @@ class WorkerChannel {
   // True once per new command (a ring may only mean new async work).
   bool take_command();
   const WorkerControl& control_of() const { return *control(); }
-  // Completes the current command; the last worker to finish wakes the front end.
+  // Completes the current command; wakes the front end if it sleeps and this
+  // is the completion it waits for.
   void complete(int32_t status, uint64_t reply_len, uint64_t reply_total);
 
   // Async mode.

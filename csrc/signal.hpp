@@ -43,13 +43,15 @@ inline void publish(std::atomic<uint32_t>& word, uint32_t value,
 // Waits until ready(value of word) holds. Spins for `spin_ns`, then sleeps in
 // slices of `slice_ns`; after each slice calls on_slice(), which returns false
 // to give up (timeout, dead peer, pending signal). Returns whether ready.
+// Before each sleep, announce(seen) may tell the publisher what we wait for;
+// what it stores is released by the store of `sleeping` that follows.
 // Memory order: `ready` is evaluated on acquire loads, so whatever the
 // publisher wrote before its release (or seq_cst) store is visible after.
 constexpr int64_t kPureSpinNs = 3'000;
 
-template <class Ready, class OnSlice>
+template <class Ready, class OnSlice, class Announce>
 bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Ready ready,
-                int64_t spin_ns, int64_t slice_ns, OnSlice on_slice) {
+                int64_t spin_ns, int64_t slice_ns, OnSlice on_slice, Announce announce) {
   if (ready(word.load(std::memory_order_acquire))) return true;
   const int64_t start = platform::now_ns();
   int64_t now = start;
@@ -66,17 +68,24 @@ bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Re
   } while (now - start < spin_ns);
 
   for (;;) {
+    const uint32_t seen = word.load(std::memory_order_seq_cst);
+    if (ready(seen)) return true;
+    announce(seen);
     sleeping.store(1, std::memory_order_seq_cst);
-    uint32_t seen = word.load(std::memory_order_seq_cst);
-    if (ready(seen)) {
-      sleeping.store(0, std::memory_order_relaxed);
-      return true;
-    }
-    platform::futex_wait(&word, seen, slice_ns);
+    // Sleep only if the word has not moved since `seen` (if it has, look
+    // again): a publisher that stored after this load sees `sleeping` and
+    // wakes us, and futex_wait returns at once if it stored before we slept.
+    if (word.load(std::memory_order_seq_cst) == seen) platform::futex_wait(&word, seen, slice_ns);
     sleeping.store(0, std::memory_order_relaxed);
     if (ready(word.load(std::memory_order_acquire))) return true;
     if (!on_slice()) return false;
   }
+}
+
+template <class Ready, class OnSlice>
+bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Ready ready,
+                int64_t spin_ns, int64_t slice_ns, OnSlice on_slice) {
+  return wait_until(word, sleeping, ready, spin_ns, slice_ns, on_slice, [](uint32_t) {});
 }
 
 }  // namespace shmvec

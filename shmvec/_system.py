@@ -7,13 +7,44 @@ import math
 import os
 import sys
 
-__all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu", "PARENT_ONLY_FDS"]
+__all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu", "PARENT_ONLY_FDS",
+           "close_arena_fds"]
 
 # Fds that only the front end may hold (parent-pipe write ends, CPU
-# reservations) of every live engine in this process. A child made by fork
-# inherits them all; it must close them, or it would keep a dead front end
-# "alive" for other workers, or keep CPUs reserved after their engine closed.
+# reservations) of every live engine in this process. All are close-on-exec
+# (os.pipe, O_CLOEXEC). A child made by fork inherits them all, whoever forks
+# (our fork-started workers, a torch DataLoader worker, os.fork): it would
+# keep a dead front end "alive" for its workers, or CPUs reserved after their
+# engine closed. So every fork child closes them at once (below).
 PARENT_ONLY_FDS: set[int] = set()
+
+# The name of an arena's memfd (csrc/platform_linux.cpp).
+ARENA_NAME = "shmvec-arena"
+
+
+def _close_parent_only_fds() -> None:
+    for fd in PARENT_ONLY_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    PARENT_ONLY_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):  # once, at import
+    os.register_at_fork(after_in_child=_close_parent_only_fds)
+
+
+def close_arena_fds(keep: int) -> None:
+    """Closes every arena memfd of this process but `keep` (a fork child
+    inherits those of every engine of its parent)."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd != keep and os.readlink(f"/proc/self/fd/{name}").startswith(f"/memfd:{ARENA_NAME}"):
+                os.close(fd)
+        except OSError:  # the fd of the listing itself, gone by now
+            pass
 
 IS_LINUX = sys.platform.startswith("linux")
 

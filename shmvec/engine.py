@@ -465,9 +465,14 @@ class Engine:
         self._wait()
         return self._read_replies(workers)
 
+    _request_tag = 0  # the tag of the last request posted
+
     def _post(self, code: int, requests: list[bytes] | None, workers=None) -> None:
         """Posts a command to every worker (or those listed); requests larger
-        than the request area go ahead in chunks."""
+        than the request area go ahead in chunks. Chunks and their command
+        carry the request's tag (arg): a worker drops chunks of a transfer that
+        was cut short (Ctrl-C) instead of gluing them to the next request."""
+        self._request_tag = tag = self._request_tag % 0xFFFFFFFF + 1
         workers = list(range(self.num_workers)) if workers is None else list(workers)
         lens = []
         for k, w in enumerate(workers):
@@ -475,12 +480,12 @@ class Engine:
             area = self._request_areas[w]
             while len(data) > REQUEST_CAPACITY:
                 area[:REQUEST_CAPACITY] = data[:REQUEST_CAPACITY]
-                self._channel.post([w], P.REQUEST_CHUNK, 0, [REQUEST_CAPACITY])
+                self._channel.post([w], P.REQUEST_CHUNK, tag, [REQUEST_CAPACITY])
                 self._wait()
                 data = data[REQUEST_CAPACITY:]
             area[:len(data)] = data
             lens.append(len(data))
-        self._channel.post(workers, code, 0, lens)
+        self._channel.post(workers, code, tag, lens)
 
     @property
     def in_flight(self) -> bool:

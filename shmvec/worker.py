@@ -7,6 +7,7 @@ never returns to Python for a plain step), everything else here.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ import numpy  # noqa: F401
 
 from shmvec import _core
 from shmvec import protocol as P
-from shmvec._system import PARENT_ONLY_FDS, pin_to_cpu
+from shmvec._system import close_arena_fds, pin_to_cpu
 from shmvec.env_slice import EnvSlice, make_envs
 
 __all__ = ["FdHandle", "WorkerSpec", "main"]
@@ -89,11 +90,14 @@ def main(spec: WorkerSpec) -> None:
     # Ctrl-C reaches the whole process group; the front end decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.start_method == "fork":
-        # Else we would keep our own (or another engine's) front end "alive",
-        # and CPUs reserved after their engine closed.
-        for fd in PARENT_ONLY_FDS:
-            os.close(fd)
-        PARENT_ONLY_FDS.clear()
+        # The parent-only fds are closed already (a fork hook in _system).
+        # Everything else inherited is the front end's: never finalize it
+        # here (a vector env's __del__ would close the parent's engine), and
+        # let go of every arena, so that each is freed when its engine
+        # closes: the mappings (we map our own below) and the memfds but ours.
+        gc.freeze()
+        _core.unmap_all()
+        close_arena_fds(keep=spec.arena.fd)
     if spec.cpu is not None:
         pin_to_cpu(spec.cpu)
     _limit_threads()
@@ -115,7 +119,8 @@ class Worker:
         self.slice: EnvSlice | None = None
         self.setup_error: P.RemoteError | None = None
         self.data_mapping = None
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes] = []  # of a request larger than the request area
+        self.chunk_tag = 0  # the tag (arg) of the request they belong to
         self.overflow: dict[int, bytes] = {}  # async records too large for their slots
 
     def run(self) -> None:
@@ -129,7 +134,7 @@ class Worker:
         while True:
             if command is None:
                 command = self._next_command()
-            code, _arg, request_len, payload = command
+            code, arg, request_len, payload = command
             command = None
             if code == 0:  # the front end is gone
                 return
@@ -138,11 +143,15 @@ class Worker:
                 continue
             request = bytes(self.request_area[:request_len])
             if code == P.REQUEST_CHUNK:
+                if arg != self.chunk_tag:  # a new request: an earlier one was cut short
+                    self.chunks.clear()
+                    self.chunk_tag = arg
                 self.chunks.append(request)
                 self.channel.complete(P.OK)
                 continue
             if self.chunks:
-                request = b"".join(self.chunks) + request
+                if arg == self.chunk_tag:  # else they are stale: drop them
+                    request = b"".join(self.chunks) + request
                 self.chunks.clear()
             status, reply = self._handle(code, request)
             command = self._reply(status, reply)

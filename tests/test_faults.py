@@ -744,11 +744,17 @@ def test_interpreter_exit_without_close_is_prompt(start_method, tmp_path):
     assert elapsed < 5, f"the interpreter took {elapsed:.1f} s to exit with an unclosed vector env"
 
 
-def test_pinned_workers_of_two_envs_take_distinct_cpus_and_free_them():
+def test_pinned_workers_of_two_envs_take_distinct_cpus_and_free_them(tmp_path, monkeypatch):
     """pin_workers=True reserves CPUs across vector envs (and programs):
     a second env avoids the first one's CPUs while any is free, and closing
     releases them."""
     import os as _os
+    import tempfile
+
+    # A lock directory of this test's own: other shmvec programs on the machine hold theirs.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
 
     cpus = sorted(_os.sched_getaffinity(0))
     first = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=True, pin_workers=True,

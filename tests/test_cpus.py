@@ -1,0 +1,173 @@
+"""CPU reservations (shmvec/cpus.py): lock files in a directory private to
+this user. Whatever is planted at its path, or wherever opening a lock
+fails, vector envs still start (unpinned, with one RuntimeWarning) and no
+lock stays taken."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import tempfile
+import warnings
+
+import numpy as np
+import pytest
+from fault_envs import FaultEnv
+
+import shmvec
+from shmvec import cpus
+
+CPUS = [0, 1, 2, 3]  # what choose_cpus believes it may use, whatever this machine has
+
+
+@pytest.fixture
+def tmpdir_only(tmp_path, monkeypatch):
+    """TMPDIR (and tempfile's cached copy) point into tmp_path; no XDG_RUNTIME_DIR."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(cpus, "allowed_cpu_ids", lambda: list(CPUS))
+    return tmp
+
+
+def lock_dir(tmp) -> str:
+    return os.path.join(str(tmp), f"shmvec-cpus-{os.getuid()}")
+
+
+def is_free(path: str) -> bool:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def choose_expecting_one_warning(count=2, pin=True):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen, fds = cpus.choose_cpus(count, pin, leave_free=0)
+    assert [w.category for w in caught] == [RuntimeWarning], [str(w.message) for w in caught]
+    assert "unpinned" in str(caught[0].message)
+    assert chosen == [None] * count and fds == []
+
+
+def test_reserves_in_a_private_per_user_directory(tmpdir_only):
+    chosen, fds = cpus.choose_cpus(2, True, leave_free=0)
+    try:
+        assert chosen == [3, 2] and len(fds) == 2
+        st = os.lstat(lock_dir(tmpdir_only))
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
+        assert st.st_uid == os.geteuid()
+        assert not is_free(os.path.join(lock_dir(tmpdir_only), "cpu3.lock"))
+        for fd in fds:
+            assert not os.get_inheritable(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert is_free(os.path.join(lock_dir(tmpdir_only), "cpu3.lock"))
+
+
+def test_uses_xdg_runtime_dir_when_usable(tmpdir_only, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
+    chosen, fds = cpus.choose_cpus(1, True, leave_free=0)
+    for fd in fds:
+        os.close(fd)
+    assert chosen == [3]
+    assert os.listdir(run / "shmvec-cpus") == ["cpu3.lock"]
+    assert os.listdir(tmpdir_only) == []
+
+
+@pytest.mark.parametrize("problem", ["missing", "not absolute", "loose mode"])
+def test_unusable_xdg_runtime_dir_falls_back_to_tmpdir(problem, tmpdir_only, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    if problem == "loose mode":
+        run.mkdir(mode=0o755)
+        run.chmod(0o755)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "run" if problem == "not absolute" else str(run))
+    chosen, fds = cpus.choose_cpus(1, True, leave_free=0)  # no warning: the fallback is fine
+    for fd in fds:
+        os.close(fd)
+    assert chosen == [3]
+    assert os.listdir(lock_dir(tmpdir_only)) == ["cpu3.lock"]
+
+
+def test_planted_file_falls_back_to_unpinned(tmpdir_only):
+    with open(lock_dir(tmpdir_only), "w") as f:
+        f.write("not a directory")
+    choose_expecting_one_warning()
+
+
+def test_planted_symlink_is_not_followed(tmpdir_only, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    os.symlink(elsewhere, lock_dir(tmpdir_only))
+    choose_expecting_one_warning()
+    assert os.listdir(elsewhere) == []
+
+
+def test_directory_with_loose_mode_is_refused(tmpdir_only):
+    os.mkdir(lock_dir(tmpdir_only))
+    os.chmod(lock_dir(tmpdir_only), 0o777)
+    choose_expecting_one_warning()
+    assert os.listdir(lock_dir(tmpdir_only)) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can make a directory owned by someone else")
+def test_directory_of_another_user_is_refused(tmpdir_only):
+    os.mkdir(lock_dir(tmpdir_only), 0o700)
+    os.chown(lock_dir(tmpdir_only), 65534, 65534)
+    choose_expecting_one_warning()
+    assert os.listdir(lock_dir(tmpdir_only)) == []
+
+
+@pytest.mark.parametrize("planted", ["symlink", "directory"])
+def test_lock_that_cannot_be_opened_releases_those_taken(planted, tmpdir_only, tmp_path):
+    """CPU 3's lock is taken first, CPU 2's cannot be opened: nothing stays
+    locked, no fd leaks, and a planted symlink is not followed."""
+    d = lock_dir(tmpdir_only)
+    os.mkdir(d, 0o700)
+    target = tmp_path / "target"
+    if planted == "symlink":
+        os.symlink(target, os.path.join(d, "cpu2.lock"))
+    else:
+        os.mkdir(os.path.join(d, "cpu2.lock"))
+    fds_before = set(os.listdir("/proc/self/fd"))
+    choose_expecting_one_warning(count=3)
+    assert set(os.listdir("/proc/self/fd")) <= fds_before
+    assert is_free(os.path.join(d, "cpu3.lock"))
+    assert not target.exists()
+
+
+def test_a_cpu_held_elsewhere_is_skipped(tmpdir_only):
+    chosen, held = cpus.choose_cpus(1, True, leave_free=0)
+    try:
+        chosen2, fds = cpus.choose_cpus(1, "auto", leave_free=0)
+        for fd in fds:
+            os.close(fd)
+        assert chosen == [3] and chosen2 == [2]
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def test_default_env_starts_unpinned_despite_a_planted_file(tmpdir_only, monkeypatch, closing):
+    """The reported failure: a file at the lock directory's path made every
+    default ShmVecEnv raise FileExistsError."""
+    with open(lock_dir(tmpdir_only), "w") as f:
+        f.write("x")
+    with pytest.warns(RuntimeWarning, match="unpinned"):
+        envs = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=False, start_method="fork")
+    closing(envs)
+    envs.reset()
+    obs, rewards, *_ = envs.step(np.zeros(2, dtype=np.int64))
+    assert np.array_equal(rewards, np.ones(2))
+    pid = envs._engine._processes[0].pid
+    assert os.sched_getaffinity(pid) == os.sched_getaffinity(0)
