@@ -323,8 +323,10 @@ class Engine:
         _core.resize_shared_file(self._fds[1], total)
         self._data = _core.Mapping(self._fds[1], total)
         self.views = self.layout.views(self._data)
+        engine = weakref.ref(self)  # no cycle: an engine dropped unclosed is collected at once
         self.info_columns = None if self.async_mode else InfoColumns(
-            self.views["info_values"], self.views["info_flags"], self._slice_rows(), self._info_schema)
+            self.views["info_values"], self.views["info_flags"], self._slice_rows(),
+            lambda k: engine()._info_schema(k))
         self.views["action_dtypes"][:] = self.layout.action_space_codes  # until the first batch
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
@@ -733,7 +735,7 @@ class Engine:
         _shutdown(self._processes, self._cpus, self._fds, CLOSE_GRACE_S if graceful else 0.0)
         # Drop our views so the mappings go away (user-held copy=False views
         # keep theirs alive, as any numpy view keeps its buffer).
-        self.views = None
+        self.views = self.info_columns = None
         self._request_areas = self._reply_areas = []
         self._data = self._boot = None
         self._channel = None
