@@ -1,12 +1,17 @@
 """How the benchmarks measure: stepping loops timed with actions made
-beforehand, the rate of one env in a plain loop (which sets the machine's
-limit), fresh processes that keep one measurement from disturbing the next,
-and the memory of a process tree (read from /proc, so Linux only)."""
+beforehand or chosen by a small torch policy, async recv/send loops, the
+machine's limit (one plain single-env loop per usable CPU, all at once),
+CPU hogs that load the machine as a learner's other work would, fresh
+processes that keep one measurement from disturbing the next, and the memory
+of a process tree (read from /proc, so Linux only)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
+import subprocess
+import sys
 import time
 import traceback
 from collections import defaultdict
@@ -15,10 +20,11 @@ from typing import Any
 
 from gymnasium.vector.utils import batch_space
 
+from shmvec._system import usable_cpus
 from shmvec.peers import env_factory, single_action_space
 
-__all__ = ["action_batches", "step_for", "warmup_seconds", "vector_rate", "plain_step", "single_env_rate",
-           "tree_memory", "FreshProcess", "isolated"]
+__all__ = ["action_batches", "step_for", "warmup_seconds", "vector_rate", "async_rate", "mlp_policy",
+           "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "FreshProcess", "isolated"]
 
 ACTION_BATCHES = 64  # cycled through, so that making actions costs nothing in the timed loop
 
@@ -49,13 +55,82 @@ def warmup_seconds(seconds: float) -> float:
     return min(1.0, seconds / 4)
 
 
-def vector_rate(envs, num_envs: int, seconds: float) -> float:
-    """Env steps per second of a vector env over `seconds`, after a warm-up."""
-    envs.reset()
-    actions = action_batches(single_action_space(envs), num_envs)
-    step_for(envs.step, actions, warmup_seconds(seconds))
-    calls, elapsed = step_for(envs.step, actions, seconds)
+def _obs(reset_result):
+    """The observations of a reset, Gymnasium's (obs, infos) or SB3's obs."""
+    return reset_result[0] if isinstance(reset_result, tuple) and len(reset_result) == 2 else reset_result
+
+
+def vector_rate(envs, num_envs: int, seconds: float, policy: Callable | None = None) -> float:
+    """Env steps per second of a vector env over `seconds`, after a warm-up;
+    with a `policy` (observations -> actions), it picks every batch's actions
+    inside the timed loop, as in training."""
+    obs = [_obs(envs.reset())]  # no seed: SB3's reset takes none
+    if policy is None:
+        step, actions = envs.step, action_batches(single_action_space(envs), num_envs)
+    else:
+        def step(_) -> None:
+            obs[0] = envs.step(policy(obs[0]))[0]
+
+        actions = [None]
+    step_for(step, actions, warmup_seconds(seconds))
+    calls, elapsed = step_for(step, actions, seconds)
     return calls * num_envs / elapsed
+
+
+def async_rate(envs, seconds: float, policy: Callable | None = None) -> float:
+    """Env steps per second of a ShmVecEnv in async mode (``batch_size`` below
+    ``num_envs``): ``recv()`` the first envs to finish, ``send()`` them actions."""
+    envs.async_reset(seed=0)
+    batches = action_batches(envs.single_action_space, envs.batch_size)
+    steps = [0]
+
+    def step(actions) -> None:
+        obs, *_, infos = envs.recv()
+        env_ids = infos["env_id"]
+        envs.send(actions if policy is None else policy(obs), env_ids)
+        steps[0] += len(env_ids)
+
+    step_for(step, batches, warmup_seconds(seconds))
+    steps[0] = 0
+    _, elapsed = step_for(step, batches, seconds)
+    return steps[0] / elapsed
+
+
+def mlp_policy(observation_space, action_space, hidden: int = 64) -> Callable[[Any], Any]:
+    """A small torch MLP (obs -> 64 -> 64 -> actions, tanh, like CleanRL's PPO
+    agent) that picks a batch of actions from a batch of observations:
+    sampled from its logits (Discrete), or its mean plus unit noise, clipped
+    (Box). Torch keeps its default threads: that is what users run, and
+    those threads compete with the envs' processes."""
+    import numpy as np
+    import torch
+
+    from gymnasium import spaces
+
+    size = int(np.prod(observation_space.shape))
+    if isinstance(action_space, spaces.Discrete):
+        outputs = int(action_space.n)
+    elif isinstance(action_space, spaces.Box):
+        outputs = int(np.prod(action_space.shape))
+        low = torch.as_tensor(action_space.low, dtype=torch.float32).flatten()
+        high = torch.as_tensor(action_space.high, dtype=torch.float32).flatten()
+    else:
+        raise ValueError(f"--policy mlp needs a Discrete or Box action space, got {action_space}")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(size, hidden), torch.nn.Tanh(),
+                              torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
+                              torch.nn.Linear(hidden, outputs))
+
+    @torch.inference_mode()
+    def policy(obs):
+        x = torch.as_tensor(np.asarray(obs), dtype=torch.float32).reshape(len(obs), size)
+        out = net(x)
+        if isinstance(action_space, spaces.Discrete):
+            return torch.multinomial(torch.softmax(out, dim=-1), 1).squeeze(1).numpy()
+        actions = torch.clamp(out + torch.randn_like(out), low, high)
+        return actions.reshape(len(obs), *action_space.shape).numpy().astype(action_space.dtype)
+
+    return policy
 
 
 def plain_step(env) -> Callable[[Any], None]:
@@ -70,10 +145,9 @@ def plain_step(env) -> Callable[[Any], None]:
     return step
 
 
-def single_env_rate(spec: str, seconds: float) -> float:
-    """Steps per second of one env of `spec` in a plain loop: the machine's
-    limit is usable CPUs times this."""
-    env = env_factory(spec)()
+def single_env_rate(spec: str, seconds: float, atari: bool = False) -> float:
+    """Steps per second of one env of `spec` in a plain loop, alone."""
+    env = env_factory(spec, atari)()
     try:
         env.reset(seed=0)
         step = plain_step(env)
@@ -83,6 +157,85 @@ def single_env_rate(spec: str, seconds: float) -> float:
     finally:
         env.close()
     return calls / elapsed
+
+
+_loop: list = []  # the env of this process's plain loop, between _prepare_loop and _run_loop
+
+
+def _prepare_loop(spec: str, atari: bool, warmup: float) -> None:
+    env = env_factory(spec, atari)()
+    env.reset(seed=0)
+    step, actions = plain_step(env), action_batches(env.action_space, None)
+    step_for(step, actions, warmup)
+    _loop.append((env, step, actions))
+
+
+def _run_loop(start_at: float, seconds: float) -> float:
+    env, step, actions = _loop.pop()
+    time.sleep(max(0.0, start_at - time.monotonic()))  # CLOCK_MONOTONIC is one clock for all processes
+    calls, elapsed = step_for(step, actions, seconds)
+    env.close()
+    return calls / elapsed
+
+
+def concurrent_limit(spec: str, seconds: float, atari: bool = False, processes: int | None = None) -> dict:
+    """The machine's limit, measured: one fresh process per usable CPU, each
+    stepping one env of `spec` in a plain loop, all starting at the same
+    moment for the same `seconds`; their rates summed. Unlike usable CPUs x
+    one loop's rate, it counts what running at once costs (shared caches,
+    memory bandwidth, turbo, other load such as `Hogs`). Returns
+    ``{"steps_per_s": sum, "loops": [each loop's steps/s]}``."""
+    workers = [FreshProcess() for _ in range(processes or usable_cpus())]
+    try:
+        for process in workers:
+            process.send(_prepare_loop, spec, atari, warmup_seconds(seconds))
+        for process in workers:  # every env made and warm: now start together
+            process.receive()
+        start_at = time.monotonic() + 0.05
+        for process in workers:
+            process.send(_run_loop, start_at, seconds)
+        loops = [process.receive() for process in workers]
+    finally:
+        for process in workers:
+            process.close()
+    return {"steps_per_s": sum(loops), "loops": loops}
+
+
+# A hog spins until stopped, or until the process that started it is gone
+# (it checks every few milliseconds), so that not even a killed bench leaves one behind.
+_HOG = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    for _ in range(20000): pass\n"
+
+
+class Hogs:
+    """`count` processes spinning on the CPU while a measurement runs: the
+    learner's other work (data loading, logging, another job) on a busy
+    machine. A context manager; they are stopped on leaving it, also on an
+    error or Ctrl-C."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.processes: list[subprocess.Popen] = []
+
+    def __enter__(self) -> Hogs:
+        try:
+            for _ in range(self.count):
+                # Their own session: Ctrl-C in the terminal reaches the bench, which stops them.
+                self.processes.append(subprocess.Popen([sys.executable, "-c", _HOG], start_new_session=True,
+                                                       stdin=subprocess.DEVNULL))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        while self.processes:
+            process = self.processes.pop()
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+            process.wait()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -161,7 +314,15 @@ class FreshProcess:
     def call(self, fn: Callable, *args: Any) -> Any:
         """`fn(*args)` in the process; its exception comes back as a
         RuntimeError whose message is the remote traceback."""
+        self.send(fn, *args)
+        return self.receive()
+
+    def send(self, fn: Callable, *args: Any) -> None:
+        """Starts `fn(*args)` in the process; `receive` returns its result
+        (so that several processes can run at once)."""
         self._conn.send((fn, args))
+
+    def receive(self) -> Any:
         try:
             ok, value = self._conn.recv()
         except EOFError:

@@ -4,16 +4,19 @@ bad input and missing peers are reported."""
 import dataclasses
 import importlib.util
 import json
+import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from shmvec import ShmVecEnv, cli
+from shmvec import ShmVecEnv, cli, measure, peers
 from shmvec.peers import PEERS
 from shmvec.testing import NoopEnv
 
-FAST = ["--seconds", "0.05"]
+FAST = ["--seconds", "0.05", "--passes", "1"]
 
 
 class FailingEnv(NoopEnv):
@@ -40,11 +43,16 @@ def test_module_callable_json_table_and_plot(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["settings"]["envs"] == ["shmvec.testing:NoopEnv"]
     assert report["usable_cpus"] >= 1
-    assert report["machine_limit"]["shmvec.testing:NoopEnv"] > 0
+    limit = report["machine_limit"]["shmvec.testing:NoopEnv"]
+    # Measured: one plain loop per usable CPU at once, summed.
+    loops = report["limits"]["shmvec.testing:NoopEnv"]["loops"]
+    assert len(loops) == report["usable_cpus"] and limit == pytest.approx(sum(loops))
     runs = {(r["backend"], r["num_envs"]): r for r in report["results"]}
     assert set(runs) == {("shmvec", 2), ("shmvec", 3), ("sync", 2), ("sync", 3)}
     for r in runs.values():
-        assert r["steps_per_s"] > 0 and r["peak_rss_mib"] > 0 and r["of_limit"] > 0
+        assert r["steps_per_s"] > 0 and r["peak_rss_mib"] > 0
+        assert r["limit"] == limit and r["of_limit"] == pytest.approx(r["steps_per_s"] / limit)
+        assert r["min"] <= r["steps_per_s"] <= r["max"] and len(r["passes"]) == 1
     assert runs["sync", 2]["vs_sync"] == pytest.approx(1.0)
     captured = capsys.readouterr()
     assert "steps/s" in captured.out and "shmvec" in captured.out and "sync" in captured.out
@@ -99,12 +107,12 @@ def test_missing_and_capped_peers_are_skipped_with_a_note(tmp_path, capsys, monk
 def test_an_env_that_fails_is_a_note_not_a_crash(capsys):
     assert bench("test_bench_cli:FailingEnv", "--num-envs", "1", "--backends", "sync", *FAST) == 1
     err = capsys.readouterr().err
-    assert "one env in a plain loop failed: RuntimeError: this env cannot step" in err
+    assert re.search(r"limit, \d+ plain loops at once failed: RuntimeError: this env cannot step", err)
     assert "nothing could be measured" in err
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--backends", "shmvec,nope"], "unknown backend 'nope'; choose from shmvec, sync, async"),
+    (["--backends", "shmvec,nope"], "unknown backend 'nope'; choose from shmvec, shmvec-async, sync, async"),
     (["NoSuchEnv-v0"], "'NoSuchEnv-v0' is not a registered gymnasium env id"),
     (["shmvec.testing:NoSuchEnv"], "shmvec.testing has no callable 'NoSuchEnv' and registers no env id"),
     (["shmvec_no_such_module:Env"], "cannot import 'shmvec_no_such_module'"),
@@ -116,6 +124,133 @@ def test_bad_arguments_are_clear_errors(args, message, capsys):
         bench(*args)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_passes_give_medians_with_min_and_max(tmp_path):
+    out = tmp_path / "out.json"
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "2", "--backends", "sync", "--json", str(out),
+                 "--seconds", "0.05", "--passes", "3") == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["passes"] == 3
+    (row,) = report["results"]
+    assert len(row["passes"]) == 3 and row["steps_per_s"] == sorted(row["passes"])[1]
+    assert row["min"] == min(row["passes"]) and row["max"] == max(row["passes"])
+    limit = report["limits"]["shmvec.testing:NoopEnv"]
+    assert len(limit["passes"]) == 3 and limit["steps_per_s"] == sorted(limit["passes"])[1]
+
+
+def _hogs() -> set[int]:
+    """Pids of this process's children that are CPU hogs (their command line is measure._HOG)."""
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                hog = measure._HOG.encode() in f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rpartition(")")[2].split()[1])
+        except OSError:  # it ended meanwhile
+            continue
+        if hog and ppid == os.getpid():
+            found.add(int(entry))
+    return found
+
+
+def test_busy_runs_hogs_and_leaves_none_behind(tmp_path, monkeypatch):
+    seen = []
+    real_call = measure.FreshProcess.call
+
+    def call(self, fn, *args):  # the hogs run while a measurement does
+        seen.append(len(_hogs()))
+        return real_call(self, fn, *args)
+
+    monkeypatch.setattr(measure.FreshProcess, "call", call)
+    out = tmp_path / "out.json"
+    before = _hogs()
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "2", "--backends", "sync", "--busy", "1",
+                 "--json", str(out), *FAST) == 0
+    assert seen and all(count >= 1 for count in seen)
+    assert not _hogs() and not before
+    assert json.loads(out.read_text())["settings"]["busy"] == 1
+
+
+def test_hogs_are_stopped_on_an_error():
+    with pytest.raises(KeyboardInterrupt), measure.Hogs(2) as hogs:
+        pids = {p.pid for p in hogs.processes}
+        assert len(pids) == 2 and all(p.poll() is None for p in hogs.processes)
+        raise KeyboardInterrupt
+    assert not pids & _hogs()
+
+
+def test_policy_mlp(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "out.json"
+    assert bench("CartPole-v1", "--num-envs", "4", "--backends", "shmvec,sync", "--policy", "mlp",
+                 "--workers", "1", "--json", str(out), *FAST) == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["policy"] == "mlp"
+    for r in report["results"]:
+        assert r["steps_per_s"] > 0 and r["torch_threads"] >= 1
+
+
+def test_mlp_policy_acts_in_box_and_discrete_spaces():
+    pytest.importorskip("torch")
+    from gymnasium import spaces
+
+    box = spaces.Box(-1, 1, (2,), np.float32)
+    actions = measure.mlp_policy(spaces.Box(-1, 1, (3,)), box)(np.zeros((5, 3), np.float32))
+    assert actions.shape == (5, 2) and actions.dtype == np.float32 and np.all(np.abs(actions) <= 1)
+    actions = measure.mlp_policy(spaces.Box(0, 255, (2, 4, 4), np.uint8), spaces.Discrete(3))(
+        np.zeros((5, 2, 4, 4), np.uint8))
+    assert actions.shape == (5,) and set(actions) <= {0, 1, 2}
+
+
+def test_policy_mlp_is_skipped_without_torch(monkeypatch, capsys):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else
+                        real_find_spec(name, *a))
+    assert bench("CartPole-v1", "--num-envs", "2", "--backends", "sync", "--policy", "mlp", *FAST) == 1
+    err = capsys.readouterr().err
+    assert "skipping --policy mlp: torch is not installed" in err
+
+
+def test_async_batch_adds_the_shmvec_async_row(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "2,4", "--backends", "shmvec-async,sync",
+                 "--async-batch", "2", "--workers", "1", "--json", str(out), *FAST) == 0
+    runs = {(r["backend"], r["num_envs"]) for r in json.loads(out.read_text())["results"]}
+    assert runs == {("shmvec-async", 4), ("sync", 2), ("sync", 4)}
+    assert "skipping shmvec-async at envs <= --async-batch 2" in capsys.readouterr().err
+
+
+def test_atari_without_ale_py_is_skipped(monkeypatch, capsys):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ale_py" else
+                        real_find_spec(name, *a))
+    assert bench("--env", "ALE/Pong-v5", "--atari", "--backends", "sync", "--num-envs", "2", *FAST) == 1
+    err = capsys.readouterr().err
+    assert "skipping ALE/Pong-v5: ale-py is not installed" in err
+    assert "nothing could be measured" in err
+
+
+def test_atari_takes_ale_ids(capsys):
+    assert bench("CartPole-v1", "--atari", *FAST) == 2
+    assert "--atari takes ALE ids" in capsys.readouterr().err
+
+
+def test_atari_pipeline(tmp_path):
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    env = peers.env_factory("ALE/Pong-v5", atari=True)()
+    try:
+        assert env.observation_space.shape == (4, 84, 84)
+        assert env.unwrapped._frameskip == 1
+    finally:
+        env.close()
+    out = tmp_path / "out.json"
+    assert bench("--env", "ALE/Pong-v5", "--atari", "--num-envs", "2", "--backends", "sync,ale",
+                 "--json", str(out), *FAST) == 0
+    runs = {r["backend"] for r in json.loads(out.read_text())["results"]}
+    assert runs == {"sync", "ale"}
 
 
 def test_python_dash_m_entry_point(tmp_path):
