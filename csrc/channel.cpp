@@ -159,11 +159,14 @@ int FrontChannel::wait(const std::vector<int>& sentinels, double timeout_s,
   // word still reads `seen` after it stored `sleeping`, that count comes after
   // the store, sees us sleeping with this mark, and wakes us. Abandoned
   // workers are no longer posted: nobody waits for them.
+  bool preempted = false;
   wait_until(h->completions.value, h->front.sleeping, [this](uint32_t) { return all_done(); },
              spin_.budget_ns(), test_hooks::front_slice(kFrontSliceNs), on_slice,
              [this, h](uint32_t seen) {
                h->front.wake_at.store(seen + busy_count(), std::memory_order_relaxed);
-             });
+             },
+             &preempted);
+  if (preempted) spin_.preempted();
   if (status == kReady) {
     // Learn how long the workers really took after we started waiting (their
     // completion stamps), not how long we slept: a futex wake-up costs tens of
@@ -285,10 +288,12 @@ bool WorkerChannel::wait_doorbell() {
   WorkerControl* c = control();
   const int64_t start = platform::now_ns();
   const uint32_t seen = seen_;
+  bool preempted = false;
   bool ok = wait_until(
       c->cmd_seq.value, c->worker_sleeping.value, [seen](uint32_t v) { return v != seen; },
       spin_.budget_ns(), kWorkerSliceNs,
-      [this] { return platform::first_ready_fd(&parent_fd_, 1) < 0; });
+      [this] { return platform::first_ready_fd(&parent_fd_, 1) < 0; }, &preempted);
+  if (preempted) spin_.preempted();
   if (!ok) return false;
   seen_ = c->cmd_seq.value.load(std::memory_order_acquire);
   // The front end's pace: when it posted, not when we woke up. A ring may be

@@ -4,7 +4,11 @@
 
 namespace shmvec {
 
-int64_t AdaptiveSpin::budget_ns() const {
+int64_t AdaptiveSpin::budget_ns() {
+  if (backoff_ > 0) {
+    --backoff_;
+    return 0;
+  }
   if (mean_ns_ > static_cast<double>(max_ns_)) return min_ns_;
   const int64_t want = static_cast<int64_t>(2.0 * mean_ns_) + min_ns_;
   return std::clamp(want, min_ns_, max_ns_);

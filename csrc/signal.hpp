@@ -22,15 +22,23 @@ namespace shmvec {
 // answers within the cap, spin a little longer than it usually takes; if it
 // usually takes longer than the cap, spinning is wasted CPU (and steals a core
 // from the peer on small machines), so sleep almost at once.
+//
+// When a spin finds its core taken by another thread (more runnable threads
+// than cores: a busy machine, or more workers than CPUs), spinning only
+// delays whoever we wait for: the next kBackoffWaits waits sleep at once,
+// then spinning is tried again.
 class AdaptiveSpin {
  public:
+  static constexpr int kBackoffWaits = 128;
   AdaptiveSpin(int64_t min_ns, int64_t max_ns) : min_ns_(min_ns), max_ns_(max_ns) {}
-  int64_t budget_ns() const;
+  int64_t budget_ns();  // for the next wait
   void observe(int64_t waited_ns);
+  void preempted() { backoff_ = kBackoffWaits; }
 
  private:
   int64_t min_ns_, max_ns_;
   double mean_ns_ = 0.0;
+  int backoff_ = 0;
 };
 
 // Stores `value` in `word` and wakes sleepers if any announced themselves.
@@ -47,11 +55,17 @@ inline void publish(std::atomic<uint32_t>& word, uint32_t value,
 // what it stores is released by the store of `sleeping` that follows.
 // Memory order: `ready` is evaluated on acquire loads, so whatever the
 // publisher wrote before its release (or seq_cst) store is visible after.
+// If `preempted` is given, it is set when the spin lost its core (see
+// AdaptiveSpin): the wait then sleeps at once.
 constexpr int64_t kPureSpinNs = 3'000;
+// A gap this long between two checks of a spin means another thread ran on
+// our core (a check takes about a microsecond, a yield to nobody too).
+constexpr int64_t kPreemptedNs = 50'000;
 
 template <class Ready, class OnSlice, class Announce>
 bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Ready ready,
-                int64_t spin_ns, int64_t slice_ns, OnSlice on_slice, Announce announce) {
+                int64_t spin_ns, int64_t slice_ns, OnSlice on_slice, Announce announce,
+                bool* preempted = nullptr) {
   if (ready(word.load(std::memory_order_acquire))) return true;
   const int64_t start = platform::now_ns();
   int64_t now = start;
@@ -60,7 +74,12 @@ bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Re
       platform::cpu_relax();
       if (ready(word.load(std::memory_order_acquire))) return true;
     }
+    const int64_t before = now;
     now = platform::now_ns();
+    if (now - before > kPreemptedNs) {
+      if (preempted) *preempted = true;
+      break;
+    }
     // Past the first few microseconds, offer the core between checks: if the
     // peer we wait for shares it (more runnable processes than cores), it
     // runs now instead of after our whole budget; if not, this costs ~1 us.
@@ -84,8 +103,8 @@ bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Re
 
 template <class Ready, class OnSlice>
 bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Ready ready,
-                int64_t spin_ns, int64_t slice_ns, OnSlice on_slice) {
-  return wait_until(word, sleeping, ready, spin_ns, slice_ns, on_slice, [](uint32_t) {});
+                int64_t spin_ns, int64_t slice_ns, OnSlice on_slice, bool* preempted = nullptr) {
+  return wait_until(word, sleeping, ready, spin_ns, slice_ns, on_slice, [](uint32_t) {}, preempted);
 }
 
 }  // namespace shmvec

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 
-__all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu", "PARENT_ONLY_FDS",
+__all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu", "runnable_threads", "PARENT_ONLY_FDS",
            "close_arena_fds"]
 
 # Fds that only the front end may hold (parent-pipe write ends, CPU
@@ -85,6 +85,19 @@ def usable_cpus() -> int:
     if limit is not None:
         n = min(n, max(1, math.ceil(limit)))
     return max(1, n)
+
+
+def runnable_threads() -> int | None:
+    """Threads of the whole machine that are running or ready to run now
+    (``procs_running`` in /proc/stat, this one included); None if unknown."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def pin_to_cpu(cpu: int) -> None:

@@ -18,7 +18,7 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 
-from shmvec._system import PARENT_ONLY_FDS, allowed_cpu_ids
+from shmvec._system import PARENT_ONLY_FDS, allowed_cpu_ids, runnable_threads
 
 __all__ = ["choose_cpus"]
 
@@ -101,8 +101,10 @@ def choose_cpus(count: int, pin: bool | str | Sequence[int], leave_free: int) ->
     - ``False``: no pinning.
     - a list: those CPUs, as given (no reservation).
     - ``"auto"``: pin only if every worker gets a CPU that no other shmvec
-      vector env holds, with `leave_free` CPUs left for the caller;
-      otherwise leave scheduling to the kernel.
+      vector env holds, with `leave_free` CPUs left for the caller, and the
+      machine is not busy (no more runnable threads than CPUs): a pinned
+      worker cannot move away from a core that another program takes.
+      Otherwise leave scheduling to the kernel.
     - ``True``: pin; free CPUs first, then shared ones if there are too few.
 
     Without a usable lock directory (see above), ``"auto"`` and ``True`` give
@@ -115,6 +117,8 @@ def choose_cpus(count: int, pin: bool | str | Sequence[int], leave_free: int) ->
             raise ValueError(f"pin_workers lists {len(pin)} CPUs for {count} workers")
         return list(pin)[:count], []
     allowed = sorted(allowed_cpu_ids(), reverse=True)  # from the top: CPU 0 takes most interrupts
+    if pin == "auto" and (runnable_threads() or 0) > len(allowed):
+        return [None] * count, []
     chosen, fds = [], []
     try:
         dir_fd = _open_lock_dir()

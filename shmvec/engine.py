@@ -69,9 +69,21 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
     return int(num_workers), bool(caller_steps)
 
 
-def split_slices(num_envs: int, num_slices: int) -> list[range]:
-    """Contiguous slices whose sizes differ by at most one; the larger ones
-    last, so that the caller, which also runs the front end, gets a small one."""
+# The caller's slice, as a fraction of an even share: besides its envs the
+# caller runs the front end and the user's own loop (the policy), and a
+# worker that finishes first only waits. Measured on HalfCheetah x16, 2 CPUs:
+# 7 caller envs and 9 for the worker step 1.17x faster than 8 and 8.
+CALLER_SHARE = 7 / 8
+
+
+def split_slices(num_envs: int, num_slices: int, caller_first: bool = False) -> list[range]:
+    """Contiguous slices whose sizes differ by at most one, the larger ones
+    last. With `caller_first`, the first slice is the caller's, a little
+    smaller than an even share (CALLER_SHARE)."""
+    if caller_first and num_slices > 1:
+        size = min(max(1, round(num_envs / num_slices * CALLER_SHARE)), num_envs - (num_slices - 1))
+        rest = split_slices(num_envs - size, num_slices - 1)
+        return [range(0, size)] + [range(size + r.start, size + r.stop) for r in rest]
     base, extra = divmod(num_envs, num_slices)
     out, start = [], 0
     for k in range(num_slices):
@@ -218,7 +230,7 @@ class Engine:
         self._caller: EnvSlice | None = None
 
         self._caller_steps = bool(caller_steps)
-        slices = split_slices(self.num_envs, num_slices)
+        slices = split_slices(self.num_envs, num_slices, caller_first=caller_steps)
         caller_rows = slices.pop(0) if caller_steps else None
         self.worker_rows = slices
         # fds to close at shutdown: [parent pipe's write end, arena memfd,

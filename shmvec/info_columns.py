@@ -53,12 +53,18 @@ class InfoColumns:
         self._of_row = np.empty(self.num_envs, dtype=np.int64)  # slice index of each row
         for k, rows in enumerate(self._slices):
             self._of_row[rows.start:rows.stop] = k
+        # Once every slice has a schema and they are all one: per column,
+        # (key, mask key, cells, dtype), so that a batch is array copies only.
+        self._columns: list[tuple] | None = None
 
     def _schema(self, k: int) -> Schema:
         if self._schemas[k] is None:
             self._schemas[k] = self._fetch(k)
             if self._schemas[k] is None:
                 raise RuntimeError(f"shmvec: slice {k} wrote info columns without a schema")
+            if None not in self._schemas and all(s == self._schemas[0] for s in self._schemas):
+                self._columns = [(key, f"_{key}", (self._ints if INFO_STORAGE[kind] else self._floats)[:, column],
+                                  np.dtype(kind)) for column, (key, kind) in enumerate(self._schemas[0])]
         return self._schemas[k]
 
     def rows(self) -> np.ndarray:
@@ -69,20 +75,26 @@ class InfoColumns:
         """The vectorized infos of the last step, if every row's info is in
         columns (or absent) and all share one schema; else None."""
         mask = self.flags.astype(np.bool_)
-        if not mask.any():
+        columns = self._columns
+        if columns is None:  # until every slice has shown its schema
+            if not mask.any():
+                return {}
+            used = [k for k, rows in enumerate(self._slices) if mask[rows.start:rows.stop].any()]
+            schema = self._schema(used[0])
+            if any(self._schema(k) != schema for k in used[1:]):
+                return None
+            columns = [(key, f"_{key}", (self._ints if INFO_STORAGE[kind] else self._floats)[:, column],
+                        np.dtype(kind)) for column, (key, kind) in enumerate(schema)]
+        absent = None if mask.all() else ~mask
+        if absent is not None and not mask.any():
             return {}
-        used = np.unique(self._of_row[mask])
-        schema = self._schema(int(used[0]))
-        if any(self._schema(int(k)) != schema for k in used[1:]):
-            return None
         infos: dict[str, Any] = {}
-        absent = ~mask
-        for column, (key, kind) in enumerate(schema):
-            cells = self._ints if INFO_STORAGE[kind] else self._floats
-            values = cells[:, column].astype(np.dtype(kind))
-            values[absent] = 0
+        for key, mask_key, cells, dtype in columns:
+            values = cells.astype(dtype)
+            if absent is not None:
+                values[absent] = 0
             infos[key] = values
-            infos[f"_{key}"] = mask.copy()
+            infos[mask_key] = mask.copy()
         return infos
 
     def row(self, row: int) -> dict[str, Any]:

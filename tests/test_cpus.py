@@ -171,3 +171,21 @@ def test_default_env_starts_unpinned_despite_a_planted_file(tmpdir_only, monkeyp
     assert np.array_equal(rewards, np.ones(2))
     pid = envs._engine._processes[0].pid
     assert os.sched_getaffinity(pid) == os.sched_getaffinity(0)
+
+
+def test_auto_does_not_pin_on_a_busy_machine(monkeypatch, tmp_path):
+    """A pinned worker cannot leave a core another program takes: with more
+    runnable threads than CPUs, "auto" leaves scheduling to the kernel."""
+    from shmvec import cpus
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(cpus, "allowed_cpu_ids", lambda: [0, 1])
+    monkeypatch.setattr(cpus, "runnable_threads", lambda: 5)
+    assert cpus.choose_cpus(1, "auto", leave_free=1) == ([None], [])
+    monkeypatch.setattr(cpus, "runnable_threads", lambda: 1)
+    chosen, fds = cpus.choose_cpus(1, "auto", leave_free=1)
+    try:
+        assert chosen == [1]
+    finally:
+        for fd in fds:
+            os.close(fd)

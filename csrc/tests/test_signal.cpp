@@ -167,6 +167,10 @@ void test_adaptive_spin() {
   spin.observe(5'000'000);
   for (int i = 0; i < 30; ++i) spin.observe(1'000);
   CHECK(spin.budget_ns() < 50'000);  // a few quick answers bring spinning back
+  for (int i = 0; i < 50; ++i) spin.observe(10'000);
+  spin.preempted();  // a spin lost its core: sleep at once for a while
+  for (int i = 0; i < AdaptiveSpin::kBackoffWaits; ++i) CHECK(spin.budget_ns() == 0);
+  CHECK(spin.budget_ns() > 10'000);  // then try spinning again
   std::printf("adaptive spin: ok\n");
 }
 
