@@ -5,7 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import signal
 
-__all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError", "ShmVecTimeoutError", "describe_exit"]
+__all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError", "ShmVecTimeoutError", "PerformanceWarning",
+           "describe_exit"]
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -23,6 +24,11 @@ def describe_exit(exitcode: int | None) -> str:
 class ShmVecError(RuntimeError):
     """A vector env can no longer step (a worker died, a wait timed out, an
     env failed mid-batch); the message says what to do next."""
+
+
+class PerformanceWarning(UserWarning):
+    """shmvec runs, but a setting of the program makes it slower than it
+    could be; the message gives the setting."""
 
 
 class ShmVecTimeoutError(multiprocessing.TimeoutError, TimeoutError):
