@@ -63,9 +63,12 @@ class InfoColumns:
             if self._schemas[k] is None:
                 raise RuntimeError(f"shmvec: slice {k} wrote info columns without a schema")
             if None not in self._schemas and all(s == self._schemas[0] for s in self._schemas):
-                self._columns = [(key, f"_{key}", (self._ints if INFO_STORAGE[kind] else self._floats)[:, column],
-                                  np.dtype(kind)) for column, (key, kind) in enumerate(self._schemas[0])]
+                self._columns = self._columns_of(self._schemas[0])
         return self._schemas[k]
+
+    def _columns_of(self, schema: Schema) -> list[tuple]:
+        return [(key, f"_{key}", (self._ints if INFO_STORAGE[kind] else self._floats)[:, column], np.dtype(kind))
+                for column, (key, kind) in enumerate(schema)]
 
     def rows(self) -> np.ndarray:
         """The rows whose info of the last step is in columns."""
@@ -83,8 +86,7 @@ class InfoColumns:
             schema = self._schema(used[0])
             if any(self._schema(k) != schema for k in used[1:]):
                 return None
-            columns = [(key, f"_{key}", (self._ints if INFO_STORAGE[kind] else self._floats)[:, column],
-                        np.dtype(kind)) for column, (key, kind) in enumerate(schema)]
+            columns = self._columns_of(schema)
         absent = None if mask.all() else ~mask
         if absent is not None and not mask.any():
             return {}
