@@ -24,17 +24,19 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run(threads: int) -> list[str]:
+def run(threads: int, cwd) -> list[str]:
+    # Away from the source tree: the installed shmvec, with its built extension.
     out = subprocess.run([sys.executable, "-c", SCRIPT.format(threads=threads)], capture_output=True,
-                         text=True, timeout=120, check=True)
+                         text=True, timeout=120, cwd=cwd)
+    assert out.returncode == 0, out.stderr
     return eval(out.stdout.strip().splitlines()[-1])
 
 
-def test_warns_once_when_torch_threads_compete():
+def test_warns_once_when_torch_threads_compete(tmp_path):
     pytest.importorskip("torch")
     from shmvec._system import usable_cpus
 
-    messages = run(max(2, usable_cpus()))  # torch's default: one thread per core
+    messages = run(max(2, usable_cpus()), tmp_path)  # torch's default: one thread per core
     assert len(messages) == 1
     assert "torch.set_num_threads(1)" in messages[0]
-    assert run(1) == []
+    assert run(1, tmp_path) == []
