@@ -628,7 +628,7 @@ class Engine:
         shape). Its result: the records, in env order, of envs with infos,
         ended SAME_STEP episodes or observation leaves without a fixed shape."""
         if object_actions is None:
-            self.begin(P.STEP, lambda s: s.step(), collect=self._step_records)
+            self.begin(P.STEP, EnvSlice.step, collect=self._step_records)
         else:
             requests = [P.dumps([object_actions[i] for i in rows]) for rows in self.worker_rows]
             self.begin(P.STEP, lambda s: s.step([object_actions[i] for i in s.rows]), requests,

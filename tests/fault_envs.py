@@ -7,6 +7,7 @@ children inherit)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import time
@@ -286,3 +287,15 @@ def dev_shm() -> set[str]:
 def worker_pids(envs) -> set[int]:
     """Pids of the processes that step `envs` (FaultEnv only), not the caller."""
     return set(envs.call("pid")) - {os.getpid()}
+
+
+def lock_is_free(path: str) -> bool:
+    """Whether nobody holds the flock of a CPU reservation file."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)

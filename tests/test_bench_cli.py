@@ -204,10 +204,15 @@ def test_mlp_policy_acts_in_box_and_discrete_spaces():
     assert actions.shape == (5,) and set(actions) <= {0, 1, 2}
 
 
-def test_policy_mlp_is_skipped_without_torch(monkeypatch, capsys):
+def hide_package(monkeypatch, package: str) -> None:
+    """As if `package` were not installed (for find_spec, as the bench asks)."""
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else
                         real_find_spec(name, *a))
+
+
+def test_policy_mlp_is_skipped_without_torch(monkeypatch, capsys):
+    hide_package(monkeypatch, "torch")
     assert bench("CartPole-v1", "--num-envs", "2", "--backends", "sync", "--policy", "mlp", *FAST) == 1
     err = capsys.readouterr().err
     assert "skipping --policy mlp: torch is not installed" in err
@@ -223,9 +228,7 @@ def test_async_batch_adds_the_shmvec_async_row(tmp_path, capsys):
 
 
 def test_atari_without_ale_py_is_skipped(monkeypatch, capsys):
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ale_py" else
-                        real_find_spec(name, *a))
+    hide_package(monkeypatch, "ale_py")
     assert bench("--env", "ALE/Pong-v5", "--atari", "--backends", "sync", "--num-envs", "2", *FAST) == 1
     err = capsys.readouterr().err
     assert "skipping ALE/Pong-v5: ale-py is not installed" in err

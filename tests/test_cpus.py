@@ -5,7 +5,6 @@ lock stays taken."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 import tempfile
@@ -13,7 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
-from fault_envs import FaultEnv
+from fault_envs import FaultEnv, lock_is_free
 
 import shmvec
 from shmvec import cpus
@@ -37,17 +36,6 @@ def lock_dir(tmp) -> str:
     return os.path.join(str(tmp), f"shmvec-cpus-{os.getuid()}")
 
 
-def is_free(path: str) -> bool:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
 def choose_expecting_one_warning(count=2, pin=True):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -64,13 +52,13 @@ def test_reserves_in_a_private_per_user_directory(tmpdir_only):
         st = os.lstat(lock_dir(tmpdir_only))
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
         assert st.st_uid == os.geteuid()
-        assert not is_free(os.path.join(lock_dir(tmpdir_only), "cpu3.lock"))
+        assert not lock_is_free(os.path.join(lock_dir(tmpdir_only), "cpu3.lock"))
         for fd in fds:
             assert not os.get_inheritable(fd)
     finally:
         for fd in fds:
             os.close(fd)
-    assert is_free(os.path.join(lock_dir(tmpdir_only), "cpu3.lock"))
+    assert lock_is_free(os.path.join(lock_dir(tmpdir_only), "cpu3.lock"))
 
 
 def test_uses_xdg_runtime_dir_when_usable(tmpdir_only, tmp_path, monkeypatch):
@@ -142,7 +130,7 @@ def test_lock_that_cannot_be_opened_releases_those_taken(planted, tmpdir_only, t
     fds_before = set(os.listdir("/proc/self/fd"))
     choose_expecting_one_warning(count=3)
     assert set(os.listdir("/proc/self/fd")) <= fds_before
-    assert is_free(os.path.join(d, "cpu3.lock"))
+    assert lock_is_free(os.path.join(d, "cpu3.lock"))
     assert not target.exists()
 
 

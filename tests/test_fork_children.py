@@ -5,7 +5,6 @@ and forked workers must not keep other engines' arenas."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import sys
 import textwrap
 
 import pytest
-from fault_envs import FaultEnv, running, wait_gone, worker_pids
+from fault_envs import FaultEnv, lock_is_free, running, wait_gone, worker_pids
 
 import shmvec
 
@@ -42,17 +41,6 @@ LEARNER = textwrap.dedent("""
 """)
 
 
-def is_free(path: str) -> bool:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
 def test_sigkilled_learner_with_a_forked_child_leaves_no_worker_nor_reservation(start_method, tmp_path):
     tmp = tmp_path / "tmp"
@@ -71,13 +59,13 @@ def test_sigkilled_learner_with_a_forked_child_leaves_no_worker_nor_reservation(
         pids = [child, *workers]
         assert len(workers) == 1
         locks = [str(p) for p in (tmp / f"shmvec-cpus-{os.getuid()}").iterdir()]
-        assert locks and not all(is_free(p) for p in locks)
+        assert locks and not all(lock_is_free(p) for p in locks)
         proc.kill()
         proc.wait(timeout=10)
         left = wait_gone(workers, timeout=1.0)
         assert left == [], "shmvec's worker outlived its SIGKILLed learner by a second (its fork child kept it alive)"
         assert running(child)
-        assert all(is_free(p) for p in locks), "the learner's fork child keeps CPUs reserved"
+        assert all(lock_is_free(p) for p in locks), "the learner's fork child keeps CPUs reserved"
     finally:
         if proc.poll() is None:
             proc.kill()
