@@ -64,8 +64,7 @@ def warn_if_torch_competes(stepping_processes: int) -> None:
         warnings.warn(
             f"torch runs {threads} intra-op threads in this process and shmvec steps envs in "
             f"{stepping_processes} processes on {cpus} CPUs: they compete for the cores. Call "
-            "torch.set_num_threads(1) (64 CartPoles with a small MLP policy on 2 CPUs: 1.18x faster), "
-            "or pass fewer num_workers.", PerformanceWarning, stacklevel=4)
+            "torch.set_num_threads(1) while stepping, or pass fewer num_workers.", PerformanceWarning, stacklevel=4)
 
 
 def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None,
@@ -94,8 +93,8 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
 
 # The caller's slice, as a fraction of an even share: besides its envs the
 # caller runs the front end and the user's own loop (the policy), and a
-# worker that finishes first only waits. Measured on HalfCheetah x16, 2 CPUs:
-# 7 caller envs and 9 for the worker step 1.17x faster than 8 and 8.
+# worker that finishes first only waits (on HalfCheetah x16, 2 CPUs, 7 and 9
+# envs stepped faster than 8 and 8 in interleaved passes).
 CALLER_SHARE = 7 / 8
 
 
