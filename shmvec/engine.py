@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import sys
 import time
-import warnings
 import weakref
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
@@ -24,9 +22,11 @@ from shmvec import protocol as P
 from shmvec._system import IS_LINUX, PARENT_ONLY_FDS, allowed_cpu_ids, usable_cpus
 from shmvec.cpus import choose_cpus
 from shmvec.env_slice import EnvSlice, make_envs
-from shmvec.errors import PerformanceWarning, RemoteTraceback, ShmVecError, ShmVecTimeoutError, WorkerDiedError, describe_exit
+from shmvec.errors import RemoteTraceback, ShmVecError, ShmVecTimeoutError, WorkerDiedError, describe_exit
 from shmvec.info_columns import InfoColumns
 from shmvec.layout import DataLayout
+from shmvec.torch_threads import TorchThreads
+from shmvec.torch_threads import check_setting as check_torch_threads
 from shmvec.worker import FdHandle, WorkerSpec
 from shmvec.worker import main as worker_main
 
@@ -45,26 +45,6 @@ def default_num_workers(num_envs: int, caller_steps: bool) -> int:
     slots = usable_cpus() - (1 if caller_steps else 0)
     cap = num_envs - (1 if caller_steps else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
-
-
-_torch_warned = False
-
-
-def warn_if_torch_competes(stepping_processes: int) -> None:
-    """Warns once if torch, in this process, runs more intra-op threads than
-    the CPUs left beside shmvec's stepping processes: its threads spin after
-    every operation and take the cores the workers step on."""
-    global _torch_warned
-    torch = sys.modules.get("torch")
-    if torch is None or _torch_warned:
-        return
-    threads, cpus = torch.get_num_threads(), usable_cpus()
-    if threads > 1 and stepping_processes + threads > cpus:
-        _torch_warned = True
-        warnings.warn(
-            f"torch runs {threads} intra-op threads in this process and shmvec steps envs in "
-            f"{stepping_processes} processes on {cpus} CPUs: they compete for the cores. Call "
-            "torch.set_num_threads(1) while stepping, or pass fewer num_workers.", PerformanceWarning, stacklevel=4)
 
 
 def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None,
@@ -196,6 +176,7 @@ class Engine:
         restart_failed_workers: bool = False,
         max_restarts: int = 10,
         observation_mode: Any = "same",
+        torch_threads: str | int | None = "auto",
     ):
         if not IS_LINUX:
             raise OSError(
@@ -222,6 +203,7 @@ class Engine:
         if start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
         _check_pin_workers(pin_workers)
+        check_torch_threads(torch_threads)
 
         if async_mode and caller_steps:
             raise ValueError("in async mode the caller cannot step envs itself: use caller_steps=False")
@@ -240,7 +222,8 @@ class Engine:
         self.async_mode = async_mode
         num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode)
         num_slices = num_workers + (1 if caller_steps else 0)
-        warn_if_torch_competes(num_slices)
+        # Released by close(), or when the engine is collected unclosed.
+        self._torch_threads = weakref.finalize(self, TorchThreads(torch_threads, num_workers).release)
         self.num_workers = num_workers
         self.timeout = -1.0 if timeout is None else float(timeout)
         self.start_method = start_method
@@ -767,6 +750,7 @@ class Engine:
                 errors.append(exc)
             self._caller = None
         self._finalizer.detach()
+        self._torch_threads()
         _shutdown(self._processes, self._cpus, self._fds, CLOSE_GRACE_S if graceful else 0.0)
         # Drop our views so the mappings go away (user-held copy=False views
         # keep theirs alive, as any numpy view keeps its buffer).

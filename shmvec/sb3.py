@@ -50,6 +50,8 @@ class ShmVecEnv(VecEnv):
             (as for ``shmvec.ShmVecEnv``).
         start_method: ``"forkserver"`` (default), ``"fork"`` or ``"spawn"``.
         timeout: seconds any wait for workers may take before ``TimeoutError``.
+        torch_threads: ``"auto"`` (default), an int or ``None``: torch's
+            intra-op threads while this env is open (as for ``shmvec.ShmVecEnv``).
 
     Example:
         >>> import gymnasium as gym
@@ -77,6 +79,7 @@ class ShmVecEnv(VecEnv):
         timeout: float | None = None,
         restart_failed_workers: bool = False,
         max_restarts: int = 10,
+        torch_threads: str | int | None = "auto",
         **refused: Any,
     ):
         for key in refused:
@@ -95,6 +98,7 @@ class ShmVecEnv(VecEnv):
             timeout=timeout,
             restart_failed_workers=restart_failed_workers,
             max_restarts=max_restarts,
+            torch_threads=torch_threads,
         )
         self.closed = False
         self.num_workers = self._engine.num_workers

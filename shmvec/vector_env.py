@@ -98,6 +98,11 @@ class ShmVecEnv(VectorEnv):
             ``timeout``; its envs come back reset, truncated and flagged in
             ``infos["shmvec_restarted"]``.
         max_restarts: the restart budget; beyond it, ``WorkerDiedError``.
+        torch_threads: ``"auto"``: if torch is imported here and runs more
+            intra-op threads than the CPUs the workers leave free, shmvec
+            lowers them to that number while this env is open (close()
+            restores them) and says so once; an int: that many while open;
+            ``None``: leave torch alone.
 
     Example:
         >>> import gymnasium as gym
@@ -127,6 +132,7 @@ class ShmVecEnv(VectorEnv):
         restart_failed_workers: bool = False,
         max_restarts: int = 10,
         observation_mode: str | tuple[Space, Space] = "same",
+        torch_threads: str | int | None = "auto",
         context: str | None = None,
         shared_memory: bool = True,
         daemon: bool = True,
@@ -178,6 +184,7 @@ class ShmVecEnv(VectorEnv):
             restart_failed_workers=restart_failed_workers,
             max_restarts=max_restarts,
             observation_mode=self.observation_mode,
+            torch_threads=torch_threads,
         )
         self.closed = False
         engine = self._engine

@@ -1,42 +1,144 @@
-"""A torch learner at its default threads competes with shmvec's workers
-for the cores: shmvec says so once, with the setting that fixes it."""
+"""A torch learner at its default threads competes with shmvec's workers for
+the cores. While a vector env is open shmvec holds torch at the CPUs its
+workers leave free (``torch_threads="auto"``), says so once, and gives the
+threads back when the last env closes; ``torch_threads=None`` leaves torch
+alone and warns with the setting that fixes it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-SCRIPT = textwrap.dedent("""
-    import warnings
+pytest.importorskip("torch")
+
+PRELUDE = textwrap.dedent("""
+    import gc, json, warnings
     import gymnasium as gym
     import torch
     import shmvec
+    from shmvec._system import usable_cpus
 
-    torch.set_num_threads({threads})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=1, start_method="fork").close()
-    print([str(w.message) for w in caught if w.category is shmvec.PerformanceWarning])
+    warnings.simplefilter("always")
+    caught = []
+    warnings.showwarning = lambda message, category, *rest: caught.append((category.__name__, str(message)))
+    FREE = max(1, usable_cpus() - 1)  # the CPUs one worker leaves free
+    MANY = usable_cpus() + 1  # more than any free count: torch competes
+    seen = {}
+
+    def make(cls=shmvec.ShmVecEnv, **kwargs):
+        return cls([lambda: gym.make("CartPole-v1")] * 2, num_workers=1, start_method="fork", **kwargs)
 """)
 
 
-def run(threads: int, cwd) -> list[str]:
+def run(body: str, cwd) -> dict:
+    script = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(dict(seen, FREE=FREE, MANY=MANY, caught=caught)))\n"
     # Away from the source tree: the installed shmvec, with its built extension.
-    out = subprocess.run([sys.executable, "-c", SCRIPT.format(threads=threads)], capture_output=True,
-                         text=True, timeout=120, cwd=cwd)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=cwd)
     assert out.returncode == 0, out.stderr
-    return eval(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_warns_once_when_torch_threads_compete(tmp_path):
-    pytest.importorskip("torch")
-    from shmvec._system import usable_cpus
+def performance_warnings(result: dict) -> list[str]:
+    return [message for category, message in result["caught"] if category == "PerformanceWarning"]
 
-    messages = run(max(2, usable_cpus()), tmp_path)  # torch's default: one thread per core
-    assert len(messages) == 1
-    assert "torch.set_num_threads(1)" in messages[0]
-    assert run(1, tmp_path) == []
+
+def test_auto_lowers_torch_threads_while_open_and_restores_them(tmp_path):
+    result = run("""
+        torch.set_num_threads(MANY)
+        a = make()
+        seen["open"] = torch.get_num_threads()
+        b = make()  # a second env neither lowers again nor warns again
+        a.close()
+        seen["one_left"] = torch.get_num_threads()
+        b.close()
+        seen["closed"] = torch.get_num_threads()
+    """, tmp_path)
+    assert result["open"] == result["FREE"]
+    assert result["one_left"] == result["FREE"]
+    assert result["closed"] == result["MANY"]
+    (message,) = performance_warnings(result)
+    assert f"torch.set_num_threads({result['FREE']})" in message and "torch_threads=None" in message
+
+
+def test_sb3_front_end_holds_torch_threads_too(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    result = run("""
+        from shmvec.sb3 import ShmVecEnv
+        torch.set_num_threads(MANY)
+        envs = make(ShmVecEnv)
+        seen["open"] = torch.get_num_threads()
+        envs.close()
+        seen["closed"] = torch.get_num_threads()
+    """, tmp_path)
+    assert (result["open"], result["closed"]) == (result["FREE"], result["MANY"])
+
+
+def test_a_setting_made_by_the_user_while_open_is_kept(tmp_path):
+    result = run("""
+        torch.set_num_threads(MANY)
+        envs = make()
+        torch.set_num_threads(3)
+        envs.close()
+        seen["closed"] = torch.get_num_threads()
+    """, tmp_path)
+    assert result["closed"] == 3
+
+
+def test_an_env_collected_unclosed_restores_them(tmp_path):
+    result = run("""
+        torch.set_num_threads(MANY)
+        envs = make()
+        del envs
+        gc.collect()
+        seen["after"] = torch.get_num_threads()
+    """, tmp_path)
+    assert result["after"] == result["MANY"]
+
+
+def test_an_explicit_number_is_held_while_open(tmp_path):
+    result = run("""
+        torch.set_num_threads(1)
+        envs = make(torch_threads=2)
+        seen["open"] = torch.get_num_threads()
+        envs.close()
+        seen["closed"] = torch.get_num_threads()
+    """, tmp_path)
+    assert (result["open"], result["closed"]) == (2, 1)
+
+
+def test_none_leaves_torch_alone_and_warns_once_with_the_fix(tmp_path):
+    result = run("""
+        torch.set_num_threads(MANY)
+        for _ in range(2):
+            envs = make(torch_threads=None)
+            seen["open"] = torch.get_num_threads()
+            envs.close()
+    """, tmp_path)
+    assert result["open"] == result["MANY"]
+    (message,) = performance_warnings(result)
+    assert f"torch.set_num_threads({result['FREE']})" in message
+
+
+def test_torch_within_the_free_cpus_is_not_touched(tmp_path):
+    result = run("""
+        torch.set_num_threads(1)
+        envs = make()
+        seen["open"] = torch.get_num_threads()
+        envs.close()
+    """, tmp_path)
+    assert result["open"] == 1
+    assert performance_warnings(result) == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "all"])
+def test_a_bad_setting_is_refused_before_any_worker_starts(bad):
+    import gymnasium as gym
+
+    import shmvec
+
+    with pytest.raises(ValueError, match="torch_threads"):
+        shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")], num_workers=1, torch_threads=bad)

@@ -1,0 +1,97 @@
+"""Torch's intra-op threads beside shmvec's workers.
+
+Torch starts one intra-op thread per core. In a learner whose envs step in
+shmvec's workers, those cores are taken: torch's OpenMP threads then wait at
+barriers for threads that the scheduler has parked behind a worker, and a
+small policy's forward pass slows down by up to 30x (measured with a 64-64
+MLP on 2 CPUs; `OMP_WAIT_POLICY=PASSIVE` or one thread removes it). So while
+a vector env is open, shmvec lowers torch's threads to the CPUs its workers
+leave free, says so once, and restores them when the last env closes.
+
+Only a torch already imported is touched: shmvec never imports it.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from shmvec._system import usable_cpus
+from shmvec.errors import PerformanceWarning
+
+__all__ = ["TorchThreads", "check_setting"]
+
+_told = False  # one warning a process
+
+
+class _Lowered:
+    """What shmvec changed in this process's torch, shared by every open env:
+    the threads torch had before, the number set, and how many envs hold it."""
+
+    original: int | None = None
+    set_to: int | None = None
+    holders = 0
+
+
+def check_setting(torch_threads) -> None:
+    if torch_threads in ("auto", None):
+        return
+    if isinstance(torch_threads, bool) or not isinstance(torch_threads, int) or torch_threads < 1:
+        raise ValueError(f'torch_threads must be "auto", None or an int >= 1, got {torch_threads!r}')
+
+
+def _warn_once(message: str) -> None:
+    global _told
+    if not _told:
+        _told = True
+        warnings.warn(message, PerformanceWarning, stacklevel=5)
+
+
+class TorchThreads:
+    """Holds torch's intra-op threads at a number while one env is open.
+
+    ``"auto"``: the CPUs left beside `worker_processes` (at least one), if
+    torch runs more. An int: exactly that many. None: leave torch alone,
+    but warn once if its threads compete with the workers."""
+
+    def __init__(self, setting, worker_processes: int):
+        check_setting(setting)
+        self._holding = False
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        threads, cpus = torch.get_num_threads(), usable_cpus()
+        free = max(1, cpus - worker_processes)
+        if setting is None:
+            if threads > free:
+                _warn_once(f"torch runs {threads} intra-op threads in this process, and shmvec's "
+                           f"{worker_processes} worker processes take {cpus - free} of the {cpus} CPUs: "
+                           f"they compete for the cores. Call torch.set_num_threads({free}) while stepping, "
+                           'or leave torch_threads="auto" (the default) to let shmvec do it.')
+            return
+        target = free if setting == "auto" else setting
+        if _Lowered.holders == 0:
+            if threads == target:
+                return
+            _Lowered.original = threads
+            _Lowered.set_to = target
+            torch.set_num_threads(target)
+            _warn_once(f"shmvec set torch.set_num_threads({target}) (it was {threads}) while this vector env "
+                       f"is open: its {worker_processes} worker processes step envs on the other CPUs, and "
+                       "torch's threads would wait on cores the workers hold. close() restores it; pass "
+                       "torch_threads=None to keep torch's setting.")
+        _Lowered.holders += 1
+        self._holding = True
+
+    def release(self) -> None:
+        """Gives torch its threads back when the last env holding them goes,
+        unless the user has set them since."""
+        if not self._holding:
+            return
+        self._holding = False
+        _Lowered.holders -= 1
+        torch = sys.modules.get("torch")
+        if _Lowered.holders == 0 and torch is not None:
+            if torch.get_num_threads() == _Lowered.set_to:
+                torch.set_num_threads(_Lowered.original)
+            _Lowered.original = _Lowered.set_to = None
