@@ -229,10 +229,14 @@ int FrontChannel::wait_finished(uint32_t count, const std::vector<int>& sentinel
     if (platform::now_ns() >= deadline) return status = kTimedOut, false;
     return true;
   };
-  // Envs finish one by one: spin only briefly, then sleep until a worker's push.
-  wait_until(h->finished_count.value, h->front_sleeping.value,
+  // Envs finish one by one: spin only briefly, then sleep until the push
+  // that makes `count` (a worker wakes us only at that mark; the argument
+  // is FrontChannel::wait's: the push that reaches the mark counts after our
+  // load of the count, so it sees us sleeping with the mark announced).
+  wait_until(h->finished_count.value, h->front.sleeping,
              [popped, count](uint32_t v) { return v - popped >= count; }, 2'000,
-             test_hooks::front_slice(kFrontSliceNs), on_slice);
+             test_hooks::front_slice(kFrontSliceNs), on_slice,
+             [h, popped, count](uint32_t) { h->front.wake_at.store(popped + count, std::memory_order_relaxed); });
   return status;
 }
 
@@ -351,8 +355,10 @@ void WorkerChannel::push_finished(uint32_t row) {
   r->tail.store(tail + 1, std::memory_order_release);
   // Counted only after publishing, so the count never runs ahead of what can
   // be popped. seq_cst pairs with the front end's (store sleeping, load count).
-  h->finished_count.value.fetch_add(1, std::memory_order_seq_cst);
-  if (h->front_sleeping.value.load(std::memory_order_seq_cst))
+  // wake_at is released by the front end's store of sleeping.
+  const uint32_t count = h->finished_count.value.fetch_add(1, std::memory_order_seq_cst) + 1;
+  if (h->front.sleeping.load(std::memory_order_seq_cst) &&
+      static_cast<int32_t>(count - h->front.wake_at.load(std::memory_order_relaxed)) >= 0)
     platform::futex_wake(&h->finished_count.value, 1);
 }
 

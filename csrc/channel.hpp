@@ -29,7 +29,12 @@ namespace shmvec {
 // num_envs never overflow and nobody ever waits for space.
 struct alignas(kLine) AsyncHeader {
   Word finished_count;  // bumped by a worker after each push; the front end sleeps on it
-  Word front_sleeping;  // written by the front end only
+  // Written by the front end only: 1 while it sleeps, and the finished_count
+  // to wake it at (one wake-up per recv(), not one per finished env).
+  struct alignas(kLine) {
+    std::atomic<uint32_t> sleeping;
+    std::atomic<uint32_t> wake_at;
+  } front;
   alignas(kLine) std::atomic<uint64_t> next_ticket;
 };
 

@@ -233,3 +233,26 @@ def test_large_infos_arrive_whole():
         np.testing.assert_array_equal(infos["blob"][0], np.arange(50_000))
     finally:
         envs.close()
+
+
+def _sleeps() -> int:
+    """Times this process has slept (voluntary context switches)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_recv_is_woken_once_not_once_per_finished_env():
+    # A worker wakes a recv() that sleeps when enough envs have finished, not
+    # at each finished env: before the wake mark, each of the 32 envs of a
+    # batch woke the front end (about 11 sleeps per recv measured on 2 CPUs).
+    envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 64, batch_size=32, num_workers=1)
+    try:
+        envs.async_reset(seed=0)
+        actions = np.zeros(32, dtype=np.int64)
+        recvs = 300
+        before = _sleeps()
+        for _ in range(recvs):
+            envs.send(actions, envs.recv()[4]["env_id"])
+        assert (_sleeps() - before) / recvs < 3
+    finally:
+        envs.close()
