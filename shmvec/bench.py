@@ -111,7 +111,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "from the observations inside the timed loop, at torch's default threads")
     parser.add_argument("--busy", type=_workers, default=0, metavar="N",
                         help="N processes spinning on the CPU during every measurement, the limit's too "
-                             "(default: 0)")
+                             "(default: 0); in the bench's session, as a learner's own other work")
+    parser.add_argument("--busy-apart", action="store_true",
+                        help="start the --busy processes in sessions of their own, as another job from "
+                             "another terminal: where the kernel shares the CPUs between sessions "
+                             "(autogroup), a vector env's processes together then get one process's share")
     parser.add_argument("--async-batch", type=_count, default=None, metavar="B",
                         help="adds the row shmvec-async: ShmVecEnv(batch_size=B), async_reset, recv, "
                              "send(actions, infos['env_id']) (at envs > B)")
@@ -290,7 +294,9 @@ def _table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, 
         lines.append(f"policy: a torch MLP (obs -> 64 -> 64 -> actions) picks the actions in the timed loop, "
                      f"torch threads {','.join(map(str, sorted(threads)))} (torch's default); the limit has none.")
     if args.busy:
-        lines.append(f"busy: {args.busy} processes spinning on the CPU during every measurement, the limit's too.")
+        where = "each in a session of its own" if args.busy_apart else "in the bench's session"
+        lines.append(f"busy: {args.busy} processes spinning on the CPU during every measurement, the limit's too, "
+                     f"{where}.")
     names = {r["backend"] for r in rows}
     if "envpool" in names:
         lines.append("envpool steps its own C++ envs, not the Python ones of the limit.")
@@ -351,7 +357,7 @@ def _measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
         if key in failed:
             return None
         try:
-            with Hogs(args.busy):
+            with Hogs(args.busy, own_sessions=args.busy_apart):
                 return fn(*fn_args)
         except RuntimeError as exc:
             failed.add(key)
@@ -401,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
 
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     machine = f"{platform.system()} {platform.machine()}, {cpus} usable CPUs, Python {platform.python_version()}"
-    extras = [f"policy {args.policy}" if args.policy else "", f"busy {args.busy}" if args.busy else ""]
+    extras = [f"policy {args.policy}" if args.policy else "", f"busy {args.busy}{' apart' if args.busy_apart else ''}" if args.busy else ""]
     title = ", ".join(filter(None, [f"shmvec {shmvec.__version__} bench", date[:10], machine, *extras]))
     print(title)
     print(_table(rows, limits, args, cpus))
@@ -414,7 +420,8 @@ def run(args: argparse.Namespace) -> int:
             "settings": {"envs": specs, "num_envs": args.num_envs, "backends": args.backends,
                          "workers": options["num_workers"], "pin_workers": options["pin_workers"],
                          "seconds": args.seconds, "passes": args.passes, "atari": args.atari,
-                         "policy": args.policy, "busy": args.busy, "async_batch": args.async_batch},
+                         "policy": args.policy, "busy": args.busy,
+                         "busy_apart": args.busy_apart, "async_batch": args.async_batch},
             # The limit: one plain single-env loop per usable CPU, all at once, summed (median of the passes).
             "machine_limit": {spec: limit["steps_per_s"] for spec, limit in limits.items()},
             "limits": limits,

@@ -208,20 +208,30 @@ _HOG = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    for _ in rang
 
 class Hogs:
     """`count` processes spinning on the CPU while a measurement runs: the
-    learner's other work (data loading, logging, another job) on a busy
-    machine. A context manager; they are stopped on leaving it, also on an
-    error or Ctrl-C."""
+    learner's other work (data loading, logging) on a busy machine. A
+    context manager; they are stopped on leaving it, also on an error or
+    Ctrl-C.
 
-    def __init__(self, count: int):
+    They run in the measuring process's session. With `own_sessions`, each
+    gets a session of its own, as another job started from another terminal
+    would: where the kernel groups processes by session
+    (/proc/sys/kernel/sched_autogroup_enabled, on in most distributions), each
+    session then gets an equal share of the CPUs, so all the processes of a
+    vector env together get what a single process gets."""
+
+    def __init__(self, count: int, own_sessions: bool = False):
         self.count = count
+        self.own_sessions = own_sessions
         self.processes: list[subprocess.Popen] = []
 
     def __enter__(self) -> Hogs:
+        # Apart from the terminal's foreground group either way: Ctrl-C
+        # reaches the bench, which stops them.
+        apart = {"start_new_session": True} if self.own_sessions else {"preexec_fn": os.setpgrp}
         try:
             for _ in range(self.count):
-                # Their own session: Ctrl-C in the terminal reaches the bench, which stops them.
-                self.processes.append(subprocess.Popen([sys.executable, "-c", _HOG], start_new_session=True,
-                                                       stdin=subprocess.DEVNULL))
+                self.processes.append(subprocess.Popen([sys.executable, "-c", _HOG], stdin=subprocess.DEVNULL,
+                                                       **apart))
         except BaseException:
             self.stop()
             raise

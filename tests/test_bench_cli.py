@@ -170,7 +170,19 @@ def test_busy_runs_hogs_and_leaves_none_behind(tmp_path, monkeypatch):
                  "--json", str(out), *FAST) == 0
     assert seen and all(count >= 1 for count in seen)
     assert not _hogs() and not before
-    assert json.loads(out.read_text())["settings"]["busy"] == 1
+    settings = json.loads(out.read_text())["settings"]
+    assert (settings["busy"], settings["busy_apart"]) == (1, False)
+
+
+@pytest.mark.parametrize("own_sessions", [False, True])
+def test_hogs_share_our_session_unless_apart(own_sessions):
+    # Where the kernel shares CPUs between sessions (autogroup), hogs in our
+    # session load it as a learner's own work does; apart, as another job.
+    with measure.Hogs(2, own_sessions=own_sessions) as hogs:
+        sessions = {os.getsid(p.pid) for p in hogs.processes}
+        groups = {os.getpgid(p.pid) for p in hogs.processes}
+    assert (sessions == {os.getsid(0)}) is not own_sessions
+    assert os.getpgid(0) not in groups  # never in our foreground group: Ctrl-C is ours to handle
 
 
 def test_hogs_are_stopped_on_an_error():
