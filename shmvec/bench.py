@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"the table shows medians and min-max (default: {DEFAULT_PASSES})")
     parser.add_argument("--policy", choices=["mlp"], default=None,
                         help="a small torch MLP (obs -> 64 -> 64 -> actions) picks every batch's actions "
-                             "from the observations inside the timed loop, at torch's default threads")
+                             "from the observations inside the timed loop, at torch's default threads (shmvec's "
+                             "torch_threads=\"auto\" lowers them while its env is open)")
     parser.add_argument("--busy", type=_workers, default=0, metavar="N",
                         help="N processes spinning on the CPU during every measurement, the limit's too "
                              "(default: 0); in the bench's session, as a learner's own other work")
@@ -292,7 +293,8 @@ def _table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, 
     threads = {r["torch_threads"] for r in rows if "torch_threads" in r}
     if args.policy:
         lines.append(f"policy: a torch MLP (obs -> 64 -> 64 -> actions) picks the actions in the timed loop, "
-                     f"torch threads {','.join(map(str, sorted(threads)))} (torch's default); the limit has none.")
+                     f"torch threads {','.join(map(str, sorted(threads)))} (torch's default, or what shmvec's "
+                     "torch_threads=\"auto\" set while its env was open); the limit has none.")
     if args.busy:
         where = "each in a session of its own" if args.busy_apart else "in the bench's session"
         lines.append(f"busy: {args.busy} processes spinning on the CPU during every measurement, the limit's too, "
