@@ -133,13 +133,25 @@ class PyFrontChannel {
   // order. Returns (status, rows): rows only when status is 0; nothing is
   // popped otherwise, so an interrupted recv loses no env.
   py::tuple recv(uint32_t count, const std::vector<int>& sentinels, double timeout_s) {
+    const int status = wait_finished(count, sentinels, timeout_s);
+    if (status != kReady) return py::make_tuple(status, py::none());
+    return py::make_tuple(status, channel_.pop_finished(count));
+  }
+  // Waits as recv() does, popping nothing: a WaitStatus. Only reads the
+  // rings, so another thread may send() meanwhile (a Ray actor does).
+  int wait_finished(uint32_t count, const std::vector<int>& sentinels, double timeout_s) {
     int status;
     {
       py::gil_scoped_release nogil;
       status = channel_.wait_finished(count, sentinels, timeout_s, signal_pending);
     }
-    if (checked(status) != kReady) return py::make_tuple(status, py::none());
-    return py::make_tuple(status, channel_.pop_finished(count));
+    return checked(status);
+  }
+  std::vector<std::pair<uint32_t, uint32_t>> async_progress() const { return channel_.async_progress(); }
+  void reset_async_worker(uint32_t w) { channel_.reset_async_worker(w); }
+  int first_dead(const std::vector<int>& sentinels) const {
+    if (sentinels.size() != all_.size()) throw std::invalid_argument("one sentinel per worker");
+    return channel_.first_dead(sentinels);
   }
   // (length, is_error, overflow) of an env's async record.
   py::tuple record(uint32_t row) const {
@@ -346,6 +358,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("finished_ready", &PyFrontChannel::finished_ready)
       .def("recv", &PyFrontChannel::recv, py::arg("count"), py::arg("sentinels"),
            py::arg("timeout") = -1.0)
+      .def("wait_finished", &PyFrontChannel::wait_finished, py::arg("count"), py::arg("sentinels"),
+           py::arg("timeout") = -1.0)
+      .def("async_progress", &PyFrontChannel::async_progress)
+      .def("reset_async_worker", &PyFrontChannel::reset_async_worker, py::arg("worker"))
+      .def("first_dead", &PyFrontChannel::first_dead, py::arg("sentinels"))
       .def("record", &PyFrontChannel::record, py::arg("row"))
       .def("record_bytes", &PyFrontChannel::record_bytes, py::arg("row"));
 
@@ -372,6 +389,7 @@ PYBIND11_MODULE(_core, m) {
       .def("step_row", &Stepper::step_row, py::arg("row"))
       .def("write_observation", &Stepper::write_observation, py::arg("row"), py::arg("obs"))
       .def("clear_autoreset", &Stepper::clear_autoreset, py::arg("row"))
+      .def("mark_restarted", &Stepper::mark_restarted, py::arg("row"))
       .def("attach_info_columns", &Stepper::attach_info_columns, py::arg("values"), py::arg("flags"),
            py::arg("types"))
       .def_property_readonly("info_schema", &Stepper::info_schema)

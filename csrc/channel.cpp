@@ -213,7 +213,13 @@ void FrontChannel::send(const std::vector<uint32_t>& rows) {
 }
 
 uint32_t FrontChannel::finished_ready() const {
-  return async_.header()->finished_count.value.load(std::memory_order_acquire) - popped_;
+  // Acquire pairs with each producer's release of its tail.
+  uint32_t n = 0;
+  for (uint32_t w = 0; w < seq_.size(); ++w) {
+    const Ring* r = async_.finished(w);
+    n += r->tail.load(std::memory_order_acquire) - r->head.load(std::memory_order_relaxed);
+  }
+  return n;
 }
 
 int FrontChannel::wait_finished(uint32_t count, const std::vector<int>& sentinels, double timeout_s,
@@ -222,7 +228,6 @@ int FrontChannel::wait_finished(uint32_t count, const std::vector<int>& sentinel
   AsyncHeader* h = async_.header();
   const int64_t deadline = deadline_after(platform::now_ns(), timeout_s);
   int status = kReady;
-  const uint32_t popped = popped_;
   auto on_slice = [&]() -> bool {
     if (interrupted()) return status = kInterrupted, false;
     if (int dead = dead_worker(sentinels, false)) return status = dead, false;
@@ -230,14 +235,37 @@ int FrontChannel::wait_finished(uint32_t count, const std::vector<int>& sentinel
     return true;
   };
   // Envs finish one by one: spin only briefly, then sleep until the push
-  // that makes `count` (a worker wakes us only at that mark; the argument
-  // is FrontChannel::wait's: the push that reaches the mark counts after our
-  // load of the count, so it sees us sleeping with the mark announced).
+  // that makes `count` ready. A worker wakes us only at a mark of the count:
+  // `seen` plus the envs still missing. wait_until loads the count before it
+  // reads the rings, so each push not seen there counts after that load
+  // (its tail is released before its count); the one that completes the
+  // batch reaches the mark at the latest, and sees us sleeping with it
+  // announced (the argument of FrontChannel::wait). Pushes in the rings not
+  // counted yet only wake us early.
   wait_until(h->finished_count.value, h->front.sleeping,
-             [popped, count](uint32_t v) { return v - popped >= count; }, 2'000,
-             test_hooks::front_slice(kFrontSliceNs), on_slice,
-             [h, popped, count](uint32_t) { h->front.wake_at.store(popped + count, std::memory_order_relaxed); });
+             [this, count](uint32_t) { return finished_ready() >= count; }, 2'000,
+             test_hooks::front_slice(kFrontSliceNs), on_slice, [this, h, count](uint32_t seen) {
+               const uint32_t ready = finished_ready();
+               h->front.wake_at.store(seen + (ready < count ? count - ready : 0), std::memory_order_relaxed);
+             });
   return status;
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> FrontChannel::async_progress() const {
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  for (uint32_t w = 0; w < seq_.size(); ++w) {
+    const uint32_t done = async_.finished(w)->tail.load(std::memory_order_acquire);
+    out.emplace_back(done, async_.todo(w)->tail.load(std::memory_order_relaxed) - done);
+  }
+  return out;
+}
+
+void FrontChannel::reset_async_worker(uint32_t w) {
+  if (w >= seq_.size()) throw std::out_of_range("worker index out of range");
+  for (Ring* r : {async_.todo(w), async_.finished(w)}) {
+    r->head.store(0, std::memory_order_relaxed);
+    r->tail.store(0, std::memory_order_relaxed);
+  }
 }
 
 std::vector<uint32_t> FrontChannel::pop_finished(uint32_t count) {
@@ -257,7 +285,7 @@ std::vector<uint32_t> FrontChannel::pop_finished(uint32_t count) {
     for (uint32_t i = head; i != tail; ++i)
       ready.push_back({items[i & mask].ticket, items[i & mask].row, w});
   }
-  if (ready.size() < count) throw std::logic_error("fewer finished envs than counted");
+  if (ready.size() < count) throw std::logic_error("fewer finished envs than asked for");
   // Oldest tickets first. Each worker's tickets increase along its ring, so
   // the chosen items are a prefix of every ring.
   std::sort(ready.begin(), ready.end(), [](const Pending& a, const Pending& b) { return a.ticket < b.ticket; });
@@ -272,7 +300,6 @@ std::vector<uint32_t> FrontChannel::pop_finished(uint32_t count) {
     Ring* r = async_.finished(w);
     r->head.store(r->head.load(std::memory_order_relaxed) + taken[w], std::memory_order_relaxed);
   }
-  popped_ += count;
   return rows;
 }
 

@@ -27,6 +27,9 @@ namespace shmvec {
 // not filled it yet; here `finished_count` never runs ahead of what can be
 // popped.) Each env is in flight at most once, so rings of capacity >=
 // num_envs never overflow and nobody ever waits for space.
+// The rings are the truth about what is ready; `finished_count` only wakes
+// the front end. (A worker may die between its push and its count: a count
+// of pops would then lag for good.)
 struct alignas(kLine) AsyncHeader {
   Word finished_count;  // bumped by a worker after each push; the front end sleeps on it
   // Written by the front end only: 1 while it sleeps, and the finished_count
@@ -126,6 +129,13 @@ class FrontChannel {
   // Pops exactly `count` finished rows (at least that many must be ready),
   // in the order they finished.
   std::vector<uint32_t> pop_finished(uint32_t count);
+  // Per worker: (envs it has finished, envs sent to it and not yet finished).
+  std::vector<std::pair<uint32_t, uint32_t>> async_progress() const;
+  // 1 + the first worker whose sentinel says it died, else 0 (no waiting).
+  int first_dead(const std::vector<int>& sentinels) const { return dead_worker(sentinels, false); }
+  // Empties a dead worker's rings before its replacement starts (the only
+  // time the front end writes a worker's indices: nobody else is there).
+  void reset_async_worker(uint32_t w);
   const AsyncRegion& async_region() const { return async_; }
 
  private:
@@ -145,7 +155,6 @@ class FrontChannel {
   uint32_t last_id_ = 0;         // id of the last command posted
   AsyncRegion async_;
   std::vector<uint32_t> owner_;  // worker of each env row
-  uint32_t popped_ = 0;          // finished_count value consumed so far
 };
 
 class WorkerChannel {

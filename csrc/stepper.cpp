@@ -89,7 +89,8 @@ Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
       write_fallback_(std::move(write_fallback)),
       step_name_("step"),
       reset_name_("reset"),
-      copy_name_("copy") {
+      copy_name_("copy"),
+      restarted_key_("shmvec_restarted") {
   for (py::handle env : envs) envs_.push_back(py::reinterpret_borrow<py::object>(env));
   needs_reset_.assign(envs_.size(), 0);
   for (py::handle views : action_leaves) {
@@ -324,14 +325,15 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
   py::object& env = envs_[k];
   py::object info, final_info, objects, final_obs;
 
-  if (mode_ == AutoresetMode::next_step && needs_reset_[k]) {
+  if (needs_reset_[k] == kRestarted) return restart_report(k);
+  if (mode_ == AutoresetMode::next_step && needs_reset_[k] == kAutoreset) {
     py::tuple r = unpack(env.attr(reset_name_)(), 2, row, "reset");
     objects = write_leaves(obs_targets_, row, r[0]);
     info = r[1];
     rewards_[row] = 0.0;
     terminations_[row] = false;
     truncations_[row] = false;
-    needs_reset_[k] = 0;
+    needs_reset_[k] = kNone;
   } else {
     py::object action = build_action(row, object_actions);
     PyObject* raw = PyObject_CallMethodOneArg(env.ptr(), step_name_.ptr(), action.ptr());
@@ -360,7 +362,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
       info = reset[1];
     } else {
       objects = write_leaves(obs_targets_, row, r[0]);
-      needs_reset_[k] = ended;
+      needs_reset_[k] = ended ? kAutoreset : kNone;
     }
   }
   failed_row_ = -1;
@@ -373,6 +375,30 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
   return py::make_tuple(row, has_info ? info : none, ended_same_step,
                         ended_same_step ? final_info : none, has_objects ? objects : none,
                         ended_same_step ? final_obs : none);
+}
+
+py::object Stepper::restart_report(py::ssize_t k) {
+  const py::ssize_t row = first_row_ + k;
+  failed_row_ = row;
+  py::dict flag;
+  flag[restarted_key_] = true;
+  py::object info = flag, final_info = py::none(), objects = py::none();
+  if (mode_ == AutoresetMode::same_step) {
+    py::tuple r = unpack(envs_[k].attr(reset_name_)(), 2, row, "reset");
+    objects = write_leaves(obs_targets_, row, r[0]);
+    info = PyDict_Check(r[1].ptr()) ? py::dict(py::reinterpret_borrow<py::dict>(r[1])) : py::dict();
+    info[restarted_key_] = true;
+    final_info = flag;
+  }
+  rewards_[row] = 0.0;
+  terminations_[row] = false;
+  truncations_[row] = true;
+  needs_reset_[k] = mode_ == AutoresetMode::next_step ? kAutoreset : kNone;
+  if (info_flags_) info_flags_[row] = 0;  // its info travels in the record
+  failed_row_ = -1;
+  const bool ended = !final_info.is_none();
+  return py::make_tuple(row, info, ended, final_info, objects.is_none() ? py::object(py::none()) : objects,
+                        py::none());
 }
 
 }  // namespace shmvec

@@ -50,7 +50,9 @@ class Stepper {
   // arrays came out, else a list of records, in row order:
   //   (row, info or None, ended, final_info, objects or None, final_obs)
   // `ended` is true when a SAME_STEP episode ended (final_info is then the
-  // terminal step's info). Raises the env's own exception; failed_row says where.
+  // terminal step's info). A restart report (see mark_restarted) under
+  // SAME_STEP has final_obs None: the front end holds the last observation
+  // it handed out. Raises the env's own exception; failed_row says where.
   py::object step(py::object object_actions);
   // Steps one env of the slice (async mode); returns its record or None.
   py::object step_row(py::ssize_t row);
@@ -59,7 +61,14 @@ class Stepper {
   // returns its non-fixed leaves (a list) or None.
   py::object write_observation(py::ssize_t row, py::handle obs);
   // After an explicit reset the env is no longer waiting for an autoreset.
-  void clear_autoreset(py::ssize_t row) { needs_reset_.at(row - first_row_) = 0; }
+  void clear_autoreset(py::ssize_t row) { needs_reset_.at(row - first_row_) = kNone; }
+  // The env was rebuilt after its process died: its next step, whatever the
+  // action, reports the episode cut short as the autoreset mode reports any
+  // truncation. Reward 0, truncated, info {"shmvec_restarted": True}; the
+  // observation is left as it is (the front end wrote the last one it handed
+  // out) under NEXT_STEP, which then autoresets on the step after, and
+  // DISABLED, where the caller resets it; SAME_STEP resets it at once.
+  void mark_restarted(py::ssize_t row) { needs_reset_.at(row - first_row_) = kRestarted; }
 
   // Infos as columns (sync mode): `values` is a (num_envs, C) int64 array
   // whose 8-byte cells hold doubles or int64s, `flags` a (num_envs,) uint8
@@ -110,9 +119,11 @@ class Stepper {
   bool* truncations_;
   AutoresetMode mode_;
   py::object write_fallback_;
-  std::vector<uint8_t> needs_reset_;
+  enum : uint8_t { kNone = 0, kAutoreset = 1, kRestarted = 2 };
+  py::object restart_report(py::ssize_t k);
+  std::vector<uint8_t> needs_reset_;  // per env: kNone, kAutoreset or kRestarted
   py::ssize_t failed_row_ = -1;
-  py::str step_name_, reset_name_, copy_name_;
+  py::str step_name_, reset_name_, copy_name_, restarted_key_;
   py::array keep_rewards_, keep_terminations_, keep_truncations_;
   // Info columns; info_flags_ is null while they are off (async mode).
   py::array keep_info_values_, keep_info_flags_;

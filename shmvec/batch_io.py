@@ -34,10 +34,12 @@ class BatchIO:
         self._single_action = is_single_fixed_leaf(action_space)
         self._single_obs = is_single_fixed_leaf(observation_space)
         self._flatten_actions = flattener(action_space)
-        self._unflatten_obs = unflattener(observation_space)
+        self._flatten_obs, self._unflatten_obs = flattener(observation_space), unflattener(observation_space)
         self._zero_dim = [leaf.zero_dim_array for leaf in engine.layout.observation_leaves]
         # Values of observation leaves without a fixed shape, per leaf and env.
         self._object_obs = [None if v is not None else [None] * self.num_envs for v in self.obs_views]
+        # With restarts: the observations the caller was last handed (a snapshot).
+        self.last_seen: list | None = None
 
     # -- actions in ---------------------------------------------------------
 
@@ -145,6 +147,41 @@ class BatchIO:
         return [view.copy() if view is not None else list(objects)
                 for view, objects in zip(self.obs_views, self._object_obs)]
 
+    # -- restarts: what the caller last saw ---------------------------------
+    # A restarted env's report carries the last observation the caller was
+    # handed; its dead worker may have overwritten its rows since.
+
+    def remember(self, rows: np.ndarray | None = None) -> None:
+        """Keeps the observations just handed out (of every env, or `rows`)."""
+        if rows is None or self.last_seen is None:
+            self.last_seen = self.snapshot()
+            return
+        for last, view, objects in zip(self.last_seen, self.obs_views, self._object_obs):
+            if view is None:
+                for r in rows.tolist():
+                    last[r] = objects[r]
+            else:
+                last[rows] = view[rows]
+
+    def restore(self, rows: list[int]) -> None:
+        """Writes the remembered observations of `rows` back into the arena."""
+        if self.last_seen is None or not len(rows):
+            return
+        for last, view, objects in zip(self.last_seen, self.obs_views, self._object_obs):
+            if view is None:
+                for r in rows:
+                    objects[r] = last[r]
+            else:
+                view[rows] = last[rows]
+
+    def write_observations(self, batch: Any) -> None:
+        """Writes a batch of observations (of every env) into the arena."""
+        for view, objects, value in zip(self.obs_views, self._object_obs, self._flatten_obs(batch)):
+            if view is None:
+                objects[:] = list(value)
+            else:
+                view[...] = value
+
     def observation(self, row: int, snapshot: list | None = None) -> Any:
         """One env's observation, as a copy: its current one, or the one in a
         `snapshot`."""
@@ -160,3 +197,8 @@ class BatchIO:
             else:
                 values.append(view[row])
         return self._unflatten_obs(values)
+
+    def final_obs(self, row: int, final_obs: Any) -> Any:
+        """A record's final_obs; None in a SAME_STEP restart report, whose
+        worker died with it: then the last observation the caller saw."""
+        return self.observation(row, snapshot=self.last_seen) if final_obs is None else final_obs

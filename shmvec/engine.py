@@ -207,15 +207,13 @@ class Engine:
 
         if async_mode and caller_steps:
             raise ValueError("in async mode the caller cannot step envs itself: use caller_steps=False")
-        if async_mode and restart_failed_workers:
-            raise ValueError("restart_failed_workers is not supported in async mode (batch_size < num_envs) yet")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, (int, np.integer)) or max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         self.restart_failed_workers = bool(restart_failed_workers)
         self.max_restarts = int(max_restarts)
         self.restarts = 0
         # Workers that died or hung during the current command, with why;
-        # rows of the envs restarted by the last command.
+        # rows of the envs restarted by the last command (or recv).
         self._failed: list[tuple[int, str]] = []
         self.restarted_rows: list[int] = []
         self.num_envs = len(env_fns)
@@ -349,6 +347,9 @@ class Engine:
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
         if self.async_mode:
+            # Restarts: when each worker last finished an env (or had none in flight).
+            self._progress = [(0, time.monotonic())] * self.num_workers
+            self._next_check = 0.0
             owner = [w for w, rows in enumerate(self.worker_rows) for _ in rows]
             self._channel.attach_async(self._data, self.layout.async_offset, self.num_envs,
                                        RECORD_CAPACITY, owner)
@@ -409,12 +410,13 @@ class Engine:
         p.join(timeout=1.0)
         return f"died, {describe_exit(p.exitcode)}"
 
-    def _restart_failed(self) -> list:
+    def _restart_failed(self) -> None:
         """Replaces failed workers with fresh ones that rebuild their envs
-        from the same factories and reset them (without seeds). Returns the
-        reset records; the restarted rows go to `restarted_rows`."""
+        from the same factories. The envs are marked restarted: each one's
+        next step, whatever its action, reports its episode cut short as its
+        autoreset mode reports a truncation (Stepper.mark_restarted). Their
+        rows go to `restarted_rows`."""
         failed, self._failed = self._failed, []
-        records = []
         for w, cause in failed:
             if self.restarts >= self.max_restarts:
                 self.broken = (f"shmvec worker {w} failed ({cause}) and the restart budget "
@@ -422,19 +424,25 @@ class Engine:
                 raise WorkerDiedError(w, self.worker_rows[w], self._processes[w].exitcode, self.broken)
             self.restarts += 1
             self._processes[w].close()
+            if self.async_mode:  # what it had in flight is lost: the front end sends it again
+                self._channel.reset_async_worker(w)
             self._channel.post([w], P.DESCRIBE)  # before it starts: the first command it sees
             self._processes[w] = self._spawn(w)
             self._sentinels[w] = self._processes[w].sentinel
             self._collect([w])
             self._post(P.ATTACH, [self._attach_request], [w])
             self._collect([w])
-            rows = self.worker_rows[w]
-            self._post(P.RESET, [cloudpickle.dumps(([None] * len(rows), None, None))], [w])
-            reply = self._collect([w])[0]
-            if reply:
-                records += P.loads(reply) or []
-            self.restarted_rows += list(rows)
-        return records
+            self._post(P.MARK_RESTARTED, None, [w])
+            self._collect([w])
+            self.restarted_rows += list(self.worker_rows[w])
+
+    def mark_restarted(self) -> None:
+        """Marks every env restarted (a Ray actor that was rebuilt)."""
+        if self._caller is not None:
+            self._caller.mark_restarted()
+        if self.num_workers:
+            self._post(P.MARK_RESTARTED, None)
+            self._collect(range(self.num_workers))
 
     def _check_wait(self, code: int) -> None:
         """Turns a failed wait into TimeoutError or WorkerDiedError."""
@@ -585,11 +593,18 @@ class Engine:
                     workers = [w for w in range(self.num_workers) if w not in failed]
                 replies = self._read_replies(workers)
                 if failed:
-                    restarted = self._restart_failed()
-                    if command.code not in (P.STEP, P.RESET):  # their results are lost, not replaced
-                        raise ShmVecError(f"shmvec workers {sorted(failed)} failed during this call and were "
-                                          "restarted (their envs reset); call again")
-                    replies.append(P.dumps(restarted))
+                    self._restart_failed()
+                    restarted = sorted(failed)
+                    if command.code == P.STEP:  # their next step is their restart report: take it now
+                        self._post(P.STEP, None, restarted)
+                        replies += self._collect(restarted)
+                    elif command.code == P.RESET:  # reset them, as asked (without seeds)
+                        reset = [cloudpickle.dumps(([None] * len(self.worker_rows[w]), None, None)) for w in restarted]
+                        self._post(P.RESET, reset, restarted)
+                        replies += self._collect(restarted)
+                    else:  # their results are lost, not replaced
+                        raise ShmVecError(f"shmvec workers {restarted} failed during this call and were "
+                                          "restarted (their next step reports it); call again")
             except Exception:
                 if command.caller_error is None:
                     raise
@@ -622,15 +637,8 @@ class Engine:
 
     def _step_records(self, caller_records, replies: list[bytes]) -> list:
         records = self._merge(caller_records, replies)
-        if self.restarted_rows:
-            # Fresh workers replaced failed ones and reset their envs: to the
-            # caller these episodes were cut short.
-            rows = self.restarted_rows
-            self.views["rewards"][rows] = 0.0
-            self.views["terminations"][rows] = False
-            self.views["truncations"][rows] = True
-            self.info_columns.clear(rows)  # their infos are in their reset records
-            records.sort(key=lambda record: record[0])  # their reset records came last
+        if self.restarted_rows:  # their restart reports came last
+            records.sort(key=lambda record: record[0])
         return records
 
     @staticmethod
@@ -648,14 +656,65 @@ class Engine:
     def send(self, rows: list[int]) -> None:
         """Queues envs (whose actions are in the arena) to their workers."""
         self.check_usable()
+        if self.restart_failed_workers:
+            self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
         self._channel.send(rows)
 
     def recv(self, count: int) -> list[int]:
-        """Waits for `count` envs to finish; returns their rows in finishing order."""
+        """Waits for `count` envs to finish; returns their rows in finishing
+        order. With restarts, a worker found dead or hung (now, or every
+        CHECK_EVERY_S while other envs keep coming) is replaced instead:
+        then it returns [] and `restarted_rows` says which envs are new (the
+        front end sends again those it had in flight)."""
         self.check_usable()
+        self.restarted_rows = []
+        if self.restart_failed_workers and time.monotonic() >= self._next_check and self._restart_async():
+            return []
         code, rows = self._channel.recv(count, self._sentinels, self.timeout)
+        if code != 0 and self.restart_failed_workers and self._restart_async():
+            return []
         self._check_wait(code)
         return rows
+
+    CHECK_EVERY_S = 0.02
+
+    def _restart_async(self) -> bool:
+        """Replaces async workers that died, or that have had envs in flight
+        and finished none for `timeout` seconds; whether it did."""
+        now = time.monotonic()
+        self._next_check = now + self.CHECK_EVERY_S
+        dead = self._channel.first_dead(self._sentinels) - 1
+        if dead >= 0:
+            self._failed.append((dead, self._exit_cause(dead)))
+        self._failed += [(w, f"hung for more than timeout={self.timeout} s")
+                         for w in self._progress_hung(now) if w != dead]
+        for w, _ in self._failed:
+            self._processes[w].kill()
+            self._processes[w].join(timeout=CLOSE_GRACE_S)
+            self._progress[w] = (0, now)  # its rings start again from 0
+        if not self._failed:
+            return False
+        self._restart_failed()
+        return True
+
+    def _progress_hung(self, now: float) -> list[int]:
+        """Notes when each worker last finished an env (or had none in
+        flight); returns those with envs in flight and none finished for
+        `timeout` seconds."""
+        hung = []
+        for w, (done, left) in enumerate(self._channel.async_progress()):
+            if done != self._progress[w][0] or not left:
+                self._progress[w] = (done, now)
+            elif self.timeout >= 0 and now - self._progress[w][1] >= self.timeout:
+                hung.append(w)
+        return hung
+
+    def wait_finished(self, count: int, timeout: float) -> bool:
+        """Waits up to `timeout` seconds for `count` envs to finish, popping
+        nothing; True when they did or a worker died (recv() then handles
+        it). Only reads shared memory: another thread may send() meanwhile."""
+        self.check_usable()
+        return self._channel.wait_finished(count, self._sentinels, timeout) != -1
 
     def async_record(self, row: int):
         """The record of an env's last async step (None if it has none);

@@ -126,6 +126,12 @@ class EnvSlice:
         self.failed_row = -1
         return records or None
 
+    def mark_restarted(self) -> None:
+        """Every env is new (rebuilt after its process died): its next step
+        reports the restart (see Stepper.mark_restarted)."""
+        for row in self.rows:
+            self.stepper.mark_restarted(row)
+
     def call(self, name: str, args: tuple, kwargs: dict, rows: list[int] | None) -> list:
         out = []
         for row, env in zip(self.rows, self.envs):

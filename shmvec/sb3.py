@@ -103,7 +103,6 @@ class ShmVecEnv(VecEnv):
         self.closed = False
         self.num_workers = self._engine.num_workers
         self._io = BatchIO(self._engine, copy=True)
-        self._last_observations: list | None = None  # kept only with restarts
         self._object_actions: list | None = None
         self._waiting = False
         description = self._engine.description
@@ -139,7 +138,7 @@ class ShmVecEnv(VecEnv):
                 self.reset_infos[row] = info or {}
         self._reset_seeds()
         self._reset_options()
-        self._keep_last_observations()
+        self._remember()
         return self._io.observations()
 
     def step_async(self, actions: np.ndarray) -> None:
@@ -174,7 +173,6 @@ class ShmVecEnv(VecEnv):
         io = self._io
         timeouts = (io.truncations & ~io.terminations).tolist()
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in timeouts]
-        restarted = set(self._engine.restarted_rows)
         columns = self._engine.info_columns
         for row in columns.rows().tolist():  # infos that came as columns: fresh dicts already
             infos[row] = {**columns.row(row), "TimeLimit.truncated": timeouts[row]}
@@ -182,29 +180,23 @@ class ShmVecEnv(VecEnv):
             if info is None and columns.flags[row]:
                 info = columns.row(row)  # its reset info, after an episode end
             io.update_objects(row, objects)
-            if row in restarted:  # a fresh worker reset it: this is its reset info
-                self.reset_infos[row] = info or {}
-                continue
             step_info = final_info if ended else info
             # Fresh dicts, as DummyVecEnv's deepcopy: an env may reuse its own.
             out = copy.deepcopy(step_info) if step_info else {}
             out["TimeLimit.truncated"] = timeouts[row]
-            if ended:
-                out["terminal_observation"] = final_obs
+            if ended:  # a restart report (shmvec_restarted) as any episode end
+                out["terminal_observation"] = io.final_obs(row, final_obs)
                 self.reset_infos[row] = info or {}
             infos[row] = out
-        for row in restarted:  # its worker died or hung: the episode was cut short
-            infos[row]["terminal_observation"] = io.observation(row, snapshot=self._last_observations)
-            infos[row]["shmvec_restarted"] = True
-        self._keep_last_observations()
+        self._remember()
         dones = np.logical_or(io.terminations, io.truncations)
         return io.observations(), io.rewards.astype(np.float32), dones, infos
 
-    def _keep_last_observations(self) -> None:
+    def _remember(self) -> None:
         """With restarts, a restarted env's terminal_observation is the last
         observation SB3 saw: keep a copy (one per step)."""
         if self._engine.restart_failed_workers:
-            self._last_observations = self._io.snapshot()
+            self._io.remember()
 
     # -- the envs' attributes and methods -------------------------------------
 

@@ -95,9 +95,12 @@ class ShmVecEnv(VectorEnv):
             ``async_reset()``, then ``recv()`` returns the first ``batch_size``
             envs to finish and ``send(actions, env_ids)`` steps them again.
         restart_failed_workers: replace a worker that dies or hangs past
-            ``timeout``; its envs come back reset, truncated and flagged in
-            ``infos["shmvec_restarted"]``.
-        max_restarts: the restart budget; beyond it, ``WorkerDiedError``.
+            ``timeout`` (sync and async mode); each of its envs reports its
+            episode cut short at its next step (truncated, reward 0, flagged in
+            ``infos["shmvec_restarted"]``), as its autoreset mode reports any
+            truncation (see the README).
+        max_restarts: workers replaced over the life of the vector env, at
+            most; beyond it, ``WorkerDiedError``.
         torch_threads: ``"auto"``: if torch is imported here and runs more
             intra-op threads than the CPUs the workers leave free, shmvec
             lowers them to that number while this env is open (close()
@@ -205,7 +208,7 @@ class ShmVecEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
         self._io = BatchIO(engine, copy=self.copy)
-        self._last_observations: list | None = None  # kept only with restarts under SAME_STEP
+        self._restarts = engine.restart_failed_workers  # keep what the caller saw (see BatchIO.remember)
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._reset_required: str | None = None
         self._reset_mask: np.ndarray | None = None  # of the pending reset
@@ -256,7 +259,6 @@ class ShmVecEnv(VectorEnv):
         self._check_open()
         self._calls.check_waiting(CallState.WAITING_RESET)
         records = self._finish(timeout)
-        self._keep_last_observations()
         mask = self._reset_mask
         if mask is None:
             self._autoreset_envs[:] = False
@@ -264,6 +266,8 @@ class ShmVecEnv(VectorEnv):
         else:
             self._autoreset_envs[mask] = False
         infos = self._infos(records)  # first: it stores observation leaves without a fixed shape
+        if self._restarts:
+            self._io.remember()
         return self._io.observations(), infos
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -296,15 +300,15 @@ class ShmVecEnv(VectorEnv):
         self._calls.check_waiting(CallState.WAITING_STEP)
         records = self._finish(timeout)
         io = self._io
+        if self._engine.restarted_rows and self.autoreset_mode is not AutoresetMode.SAME_STEP:
+            # Truncated at the last observation the caller saw (their
+            # restart reports leave the arena as it is: restore it).
+            io.restore(self._engine.restarted_rows)
         if self.autoreset_mode is AutoresetMode.DISABLED:
             np.logical_or(io.terminations, io.truncations, out=self._autoreset_envs)
         infos = self._step_infos(records)
-        for row in self._engine.restarted_rows:  # reset by fresh workers, truncated
-            if self.autoreset_mode is AutoresetMode.SAME_STEP:
-                final_obs = self._io.observation(row, snapshot=self._last_observations)
-                infos = self._add_info(infos, {"final_obs": final_obs, "final_info": {}}, row)
-            infos = self._add_info(infos, {"shmvec_restarted": True}, row)
-        self._keep_last_observations()
+        if self._restarts:
+            io.remember()
         return (
             io.observations(),
             io.rewards.copy(),
@@ -323,10 +327,9 @@ class ShmVecEnv(VectorEnv):
         seeds = seeds_for(seed, self.num_envs)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
-        in_flight = int(self._in_flight.sum())
-        if in_flight:  # let them land, then drop their results
-            self._run(lambda: self._engine.recv(in_flight))
-            self._in_flight[:] = False
+        while self._in_flight.any():  # let them land, then drop their results
+            finished = self._run(lambda: self._engine.recv(int(self._in_flight.sum())))
+            self._in_flight[finished or self._engine.restarted_rows] = False  # a restart lost its own
         records = self._run(lambda: self._engine.reset(seeds, options, None))
         self._reset_required = None
         self._io.rewards[:] = 0.0
@@ -371,30 +374,49 @@ class ShmVecEnv(VectorEnv):
         rows = self._reset_ready[: self.batch_size]
         del self._reset_ready[: self.batch_size]
         records = [self._reset_records.pop(r) for r in rows if r in self._reset_records]
-        if len(rows) < self.batch_size:
+        while len(rows) < self.batch_size:
             finished = self._run(lambda: self._engine.recv(self.batch_size - len(rows)))
+            if self._engine.restarted_rows:
+                self._send_again(self._engine.restarted_rows)
+                continue
             self._in_flight[finished] = False
             rows += finished
             records += self._run(lambda: [r for r in map(self._engine.async_record, finished) if r is not None])
         ids = np.asarray(rows, dtype=np.int64)
-        position = {row: i for i, row in enumerate(rows)}
-        batch_records = [(position[r[0]], *r[1:]) for r in sorted(records, key=lambda r: position[r[0]])]
-        for record in records:
-            self._io.update_objects(record[0], record[4])
-        infos = self._batch_infos(batch_records, rows)
+        infos = self._batch_infos(records, rows)  # first: it stores observation leaves without a fixed shape
         infos["env_id"] = ids
         io = self._io
-        return io.observations_at(ids), io.rewards[ids], io.terminations[ids], io.truncations[ids], infos
+        result = io.observations_at(ids), io.rewards[ids], io.terminations[ids], io.truncations[ids], infos
+        if self._restarts:
+            io.remember(ids)
+        return result
+
+    def _send_lost(self) -> None:
+        """In async mode, after a command during which workers were replaced."""
+        if self.batch_size < self.num_envs and self._engine.restarted_rows:
+            self._send_again(self._engine.restarted_rows)
+
+    def _send_again(self, restarted: list[int]) -> None:
+        """Fresh workers replaced failed ones: the envs they had in flight
+        go again, to come back with their restart reports (which ignore the
+        action); the others report at their next send()."""
+        rows = np.asarray(restarted)
+        lost = rows[self._in_flight[rows]].tolist()
+        self._io.restore(lost)  # the failed worker may have written some of their rows
+        self._engine.send(lost)
 
     def _batch_infos(self, records: list, rows: list[int]) -> dict[str, Any]:
-        """Like _infos, for a batch of async results (positions, not env ids)."""
+        """Like _infos, for a batch of async results (rows in their order in the batch)."""
         batch = _InfoBatch(len(rows))
+        position = {row: i for i, row in enumerate(rows)}
         infos: dict[str, Any] = {}
-        for position, info, ended, final_info, _objects, final_obs in records:
+        for row, info, ended, final_info, objects, final_obs in sorted(records, key=lambda r: position[r[0]]):
             if ended:
-                infos = batch._add_info(infos, {"final_obs": final_obs, "final_info": final_info}, position)
+                final = {"final_obs": self._io.final_obs(row, final_obs), "final_info": final_info}
+                infos = batch._add_info(infos, final, position[row])
+            self._io.update_objects(row, objects)
             if info is not None:
-                infos = batch._add_info(infos, info, position)
+                infos = batch._add_info(infos, info, position[row])
         return infos
 
     def _check_sync(self, name: str, instead: str) -> None:
@@ -404,11 +426,13 @@ class ShmVecEnv(VectorEnv):
                 f"< num_envs={self.num_envs}: use {instead}()"
             )
 
-    def _keep_last_observations(self) -> None:
-        """With restarts under SAME_STEP, a restarted env's final_obs is the
-        last observation the caller saw: keep a copy (one per step)."""
-        if self._engine.restart_failed_workers and self.autoreset_mode is AutoresetMode.SAME_STEP:
-            self._last_observations = self._io.snapshot()
+    def _restarted(self, last_observations: Any) -> None:
+        """For RayVecEnv, after Ray rebuilt the actor this env lives in:
+        `last_observations` (a batch) are the ones the caller was last
+        handed; every env's next step reports its restart."""
+        self._io.write_observations(last_observations)
+        self._io.remember()
+        self._engine.mark_restarted()
 
     def _begin(self, state: CallState, begin: Callable[[], None]) -> None:
         self._calls.begin(state)
@@ -425,6 +449,7 @@ class ShmVecEnv(VectorEnv):
         try:
             result = self._engine.finish(timeout)
         except BaseException as exc:
+            self._send_lost()
             if self._engine.in_flight:
                 raise  # a timeout or an interrupted wait: still pending
             self._calls.end()
@@ -438,6 +463,7 @@ class ShmVecEnv(VectorEnv):
                 # reset brings every env back to a known state.
                 self._reset_required = "an env raised during the last call; reset() all envs before stepping again"
             raise
+        self._send_lost()
         self._calls.end()
         return result
 
@@ -472,7 +498,8 @@ class ShmVecEnv(VectorEnv):
                 _, info, ended, final_info, objects, final_obs = by_row[row]
                 self._io.update_objects(row, objects)
                 if ended:
-                    infos = self._add_info(infos, {"final_obs": final_obs, "final_info": final_info}, row)
+                    final = {"final_obs": self._io.final_obs(row, final_obs), "final_info": final_info}
+                    infos = self._add_info(infos, final, row)
             if info is None and columns is not None and columns.flags[row]:
                 info = columns.row(row)
             if info is not None:
@@ -512,7 +539,10 @@ class ShmVecEnv(VectorEnv):
         self._check_open()
         values = per_env_values(values, self.num_envs)
         self._calls.check_idle("set_attr")
-        self._engine.set_attr(name, values)
+        try:
+            self._engine.set_attr(name, values)
+        finally:
+            self._send_lost()
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:

@@ -210,6 +210,8 @@ class Worker:
             return s.step(args)
         if code == P.RESET:
             return s.reset(*args)
+        if code == P.MARK_RESTARTED:
+            return s.mark_restarted()
         if code == P.CALL:
             return s.call(*args)
         if code == P.SET_ATTR:

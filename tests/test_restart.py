@@ -7,10 +7,12 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from fault_envs import HANG, KILL, FaultEnv
 from helpers import assert_same
 
 import shmvec
@@ -43,19 +45,45 @@ def test_killed_worker_is_replaced(mode):
         # The other envs are unaffected.
         assert_same(obs[others], expected[0][others])
         assert_same(rewards[others], expected[1][others])
-        # The restarted ones: reset, truncated, flagged.
+        # The restarted ones: truncated, reward 0, flagged.
         assert truncs[rows].all() and not terms[rows].any() and (rewards[rows] == 0).all()
         assert infos["_shmvec_restarted"].tolist() == [i in rows for i in range(6)]
-        assert envs.get_attr("t")[4:] == (0, 0)
+        assert envs._engine.restarts == 1
         if mode is AutoresetMode.SAME_STEP:
+            # Reset at once; final_obs is the last observation the caller saw.
+            assert envs.get_attr("t")[4:] == (0, 0)
             for i in rows:
                 assert_same(infos["final_obs"][i], seen[i])
-        # Not reset again on the next step (NEXT_STEP): their episodes go on.
+            assert infos["_final_info"].tolist() == [i in rows for i in range(6)]
+            assert infos["final_info"]["_shmvec_restarted"].tolist() == [i in rows for i in range(6)]
+            envs.step(actions)
+            assert envs.get_attr("t")[4:] == (1, 1)  # not reset again
+            return
+        # NEXT_STEP and DISABLED: the truncation comes with the last
+        # observation the caller saw, as for any truncated episode.
+        assert_same(obs[rows], seen[rows])
         if mode is AutoresetMode.DISABLED:
-            envs.reset(options={"reset_mask": np.array([i in rows for i in range(6)])})
+            with pytest.raises(RuntimeError, match="reset"):
+                envs.step(actions)
+            # The caller resets them, and may seed them: reproducible again.
+            mask = np.array([i in rows for i in range(6)])
+            obs, _ = envs.reset(seed=[None] * 4 + [40, 41], options={"reset_mask": mask})
+            fresh = SyncVectorEnv([MAKE] * 2)
+            assert_same(obs[rows], fresh.reset(seed=[40, 41])[0])
+            fresh.close()
+            envs.step(actions)
+            assert envs.get_attr("t")[4:] == (1, 1)
+            return
+        # NEXT_STEP: the next step is their autoreset step, as SyncVectorEnv
+        # makes it after a truncation: action ignored, reset observation,
+        # reward 0, flags False, the reset's info.
+        obs, rewards, terms, truncs, infos = envs.step(actions)
+        assert envs.get_attr("t")[4:] == (0, 0)
+        assert (rewards[rows] == 0).all() and not truncs[rows].any() and not terms[rows].any()
+        assert "shmvec_restarted" not in infos
+        assert not np.array_equal(obs[rows], seen[rows])
         envs.step(actions)
         assert envs.get_attr("t")[4:] == (1, 1)
-        assert envs._engine.restarts == 1
     finally:
         envs.close()
         ref.close()
@@ -98,20 +126,95 @@ def test_death_during_call_restarts_and_reports():
     envs = shmvec.ShmVecEnv([MAKE] * 4, num_workers=2, caller_steps=False, start_method="fork",
                             restart_failed_workers=True)
     try:
-        envs.reset(seed=0)
+        seen = envs.reset(seed=0)[0]
         with pytest.raises(shmvec.ShmVecError, match="restarted"):
             envs.call("__class__")  # warm-up is fine; now kill during a call:
             kill_worker(envs, 1)
             envs.call("render")
         assert envs.get_attr("t") == (0, 0, 0, 0)  # usable again
-        envs.step(np.zeros(4, dtype=np.int64))
+        # The next step reports the restarted envs, as if they had died in it.
+        obs, rewards, terms, truncs, infos = envs.step(np.zeros(4, dtype=np.int64))
+        assert truncs.tolist() == [False, False, True, True] and rewards[2:].tolist() == [0, 0]
+        assert infos["_shmvec_restarted"].tolist() == [False, False, True, True]
+        assert_same(obs[2:], seen[2:])
     finally:
         envs.close()
 
 
-def test_async_mode_refuses_restarts():
-    with pytest.raises(ValueError, match="async"):
-        shmvec.ShmVecEnv([MAKE] * 4, batch_size=2, restart_failed_workers=True)
+def check_async_stream(envs, steps: int, fault_at: int, fault_env: int, fault: int, mode,
+                       reports_due: int = 0) -> int:
+    """Drives async envs of FaultEnvs (observation: steps since reset) with
+    OK actions, and `fault` for env `fault_env` once, after `fault_at` rounds,
+    for `steps` rounds and until `reports_due` restart reports came (at most
+    20 s). Checks every env's stream against the autoreset mode's rules,
+    restarts included; returns how many restart reports came back."""
+    last = {}  # env -> (obs, episode ended)
+    reports = 0
+    envs.async_reset(seed=0)
+    deadline = time.monotonic() + 20
+    k = -1
+    while (k := k + 1) < steps or (reports < reports_due and time.monotonic() < deadline):
+        obs, rewards, terms, truncs, infos = envs.recv()
+        ids = infos["env_id"]
+        restarted = infos.get("_shmvec_restarted", np.zeros(len(ids), bool))
+        for j, i in enumerate(ids.tolist()):
+            t = float(obs[j][0])
+            if i not in last or (mode is AutoresetMode.NEXT_STEP and last[i][1]):
+                assert (t, rewards[j], terms[j], truncs[j]) == (0, 0, False, False), (i, k)  # a reset
+                assert not restarted[j]
+            elif restarted[j]:
+                reports += 1
+                assert (rewards[j], terms[j], truncs[j]) == (0, False, True), (i, k)
+                if mode is AutoresetMode.NEXT_STEP:
+                    assert t == last[i][0]  # the last observation the caller saw
+                else:
+                    assert t == 0 and infos["final_obs"][j][0] == last[i][0]
+                    assert infos["final_info"]["shmvec_restarted"][j]
+            else:
+                assert (t, rewards[j], truncs[j]) == (last[i][0] + 1, 1, False), (i, k)
+            last[i] = (t, bool(terms[j] or truncs[j]))
+        actions = np.zeros(len(ids), dtype=np.int64)
+        if k == fault_at and fault_env in ids:
+            actions[ids.tolist().index(fault_env)] = fault
+            fault_at = -1
+        elif k >= fault_at >= 0:
+            fault_at += 1  # wait until the env comes back
+        envs.send(actions, ids)
+    return reports
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)
+def test_async_dead_worker_is_replaced(mode):
+    envs = shmvec.ShmVecEnv([FaultEnv] * 6, batch_size=2, num_workers=3, start_method="fork",
+                            autoreset_mode=mode, restart_failed_workers=True)
+    try:
+        reports = check_async_stream(envs, 60, fault_at=10, fault_env=2, fault=KILL, mode=mode, reports_due=2)
+        assert envs._engine.restarts == 1
+        assert reports == 2  # envs 2 and 3, worker 1's
+    finally:
+        envs.close()
+
+
+def test_async_hung_worker_is_replaced_after_timeout():
+    envs = shmvec.ShmVecEnv([functools.partial(FaultEnv, hang_s=60)] * 4, batch_size=2, num_workers=2,
+                            start_method="fork", timeout=1.0, restart_failed_workers=True)
+    try:
+        reports = check_async_stream(envs, 30, fault_at=5, fault_env=3, fault=HANG, mode=AutoresetMode.NEXT_STEP,
+                                     reports_due=2)
+        assert envs._engine.restarts == 1 and reports == 2
+    finally:
+        envs.close()
+
+
+def test_async_restart_budget():
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, batch_size=2, num_workers=2, start_method="fork",
+                            restart_failed_workers=True, max_restarts=0)
+    try:
+        with pytest.raises(shmvec.WorkerDiedError, match="max_restarts=0"):
+            check_async_stream(envs, 20, fault_at=2, fault_env=1, fault=KILL, mode=AutoresetMode.NEXT_STEP,
+                               reports_due=1)
+    finally:
+        envs.close()
 
 
 def test_sb3_front_end_reports_restarts():
