@@ -9,8 +9,11 @@ Needs ``pip install "shmvec[ray]"``; ``import shmvec`` never imports ray.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
+import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -175,48 +178,98 @@ class _Batches:
         return self.unflatten(joined)
 
 
-class _SliceHost:
-    """A Ray actor's body: one slice of a RayVecEnv's envs in a ShmVecEnv."""
+# How long a waiting recv() in an actor waits at a time before it looks
+# whether the actor is closing.
+WAIT_SLICE_S = 0.1
 
-    def start(self, env_fns: list, batch_size: int | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+
+class _SliceHost:
+    """A Ray actor's body: one slice of a RayVecEnv's envs in a ShmVecEnv.
+
+    An asyncio actor, so that it stays responsive: a recv() that has to wait
+    for envs waits in a thread (reading shared memory only), and the actor
+    takes send()s, calls and the rest meanwhile. Everything that touches the
+    ShmVecEnv runs on the event loop's thread, one call at a time. Results
+    carry the ShmVecEnv's count of worker restarts (the RayVecEnv's budget
+    counts them)."""
+
+    envs: ShmVecEnv | None = None
+
+    async def start(self, env_fns: list, batch_size: int | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.envs is not None:  # Ray said the actor restarted, though it did not: start afresh
+            self.envs.close(terminate=True)
         self.envs = _shmvec_env(env_fns, batch_size, kwargs)
         self._batches = _Batches(self.envs.single_observation_space)
+        self._waiter = ThreadPoolExecutor(1, thread_name_prefix="shmvec-recv")
+        self._recv_lock = asyncio.Lock()  # one recv() at a time, in the order they came
+        self._closing = False
         e = self.envs
         return {"observation_space": e.single_observation_space, "action_space": e.single_action_space,
                 "metadata": e.metadata, "render_mode": e.render_mode, "num_workers": e.num_workers}
 
-    def reset(self, seed: list, options: dict | None):
-        return self.envs.reset(seed=seed, options=options)
+    def _restarts(self) -> int:
+        return self.envs._engine.restarts
 
-    def step(self, actions: Any):
-        return self.envs.step(actions)
+    async def restarted(self, last_observations: Any) -> None:
+        """This actor was rebuilt: every env's next step reports its restart,
+        truncated at `last_observations` (None: never handed out)."""
+        if last_observations is not None:
+            self.envs._restarted(last_observations)
+        else:
+            self.envs._engine.mark_restarted()
 
-    def async_reset(self, seed: list, options: dict | None) -> None:
+    async def reset(self, seed: list, options: dict | None):
+        return (*self.envs.reset(seed=seed, options=options), self._restarts())
+
+    async def step(self, actions: Any):
+        return (*self.envs.step(actions), self._restarts())
+
+    async def async_reset(self, seed: list, options: dict | None) -> None:
         self.envs.async_reset(seed=seed, options=options)
 
-    def send(self, actions: Any, env_ids: np.ndarray) -> None:
+    async def send(self, actions: Any, env_ids: np.ndarray) -> None:
         self.envs.send(actions, env_ids)
 
-    def recv(self, count: int):
+    async def recv(self, count: int):
         """The first `count` envs of this slice to finish (the ShmVecEnv
         receives one at a time, so any count can be asked for)."""
-        parts = [self.envs.recv() for _ in range(count)]
+        async with self._recv_lock:
+            parts = []
+            for _ in range(count):
+                await self._wait_for_one()
+                parts.append(self.envs.recv())
         ids = np.concatenate([p[4].pop("env_id") for p in parts])
         infos: dict[str, Any] = {}
         first = np.zeros(1, dtype=np.int64)
         for k, p in enumerate(parts):
             infos = _merge_infos(infos, p[4], first, np.array([k]), count)
         return (self._batches.join([p[0] for p in parts]), *(np.concatenate([p[i] for p in parts]) for i in (1, 2, 3)),
-                infos, ids)
+                infos, ids, self._restarts())
 
-    def call(self, name: str, args: tuple, kwargs: dict) -> tuple:
+    async def _wait_for_one(self) -> None:
+        """Until the ShmVecEnv's recv() would not wait (or would find a
+        failure to handle, or the timeout is up), without blocking the loop."""
+        envs, loop = self.envs, asyncio.get_running_loop()
+        engine, start = envs._engine, time.monotonic()
+        while not envs._reset_ready:
+            if await loop.run_in_executor(self._waiter, engine.wait_finished, 1, WAIT_SLICE_S):
+                return
+            if self._closing:
+                raise ClosedEnvironmentError("this actor's envs are closing")
+            if 0 <= engine.timeout <= time.monotonic() - start:
+                return  # recv() tells a hung worker (restarted or TimeoutError)
+
+    async def call(self, name: str, args: tuple, kwargs: dict) -> tuple:
         return self.envs.call(name, *args, **kwargs)
 
-    def set_attr(self, name: str, values: list) -> None:
+    async def set_attr(self, name: str, values: list) -> None:
         self.envs.set_attr(name, values)
 
-    def close(self) -> None:
-        self.envs.close()
+    async def close(self) -> None:
+        self._closing = True
+        async with self._recv_lock:  # a waiting recv() stops within WAIT_SLICE_S
+            self.envs.close()
+        self._waiter.shutdown()
 
 
 class RayVecEnv(VectorEnv):
@@ -248,11 +301,16 @@ class RayVecEnv(VectorEnv):
             always belong to the caller: ``copy`` is not used.
 
     An actor that dies raises ``ActorDiedError`` (a ``shmvec.WorkerDiedError``)
-    naming it and its envs. With ``restart_failed_workers=True`` (synchronous
-    mode, as in ``ShmVecEnv``) Ray restarts it, up to ``max_restarts`` times
-    per actor: its envs are rebuilt, reset without seeds, and reported as
-    truncated with ``infos["shmvec_restarted"]``; a ``call``/``set_attr`` it
-    died in raises ``ShmVecError`` (call again); a ``reset`` is redone.
+    naming it and its envs. With ``restart_failed_workers=True`` (sync or
+    async mode, as in ``ShmVecEnv``) Ray restarts it and its envs are
+    rebuilt; each one's next step reports its episode cut short, exactly as
+    ``ShmVecEnv`` reports the envs of a restarted worker (truncated, flagged
+    in ``infos["shmvec_restarted"]``, per autoreset mode); in async mode the
+    envs it had in flight come back from ``recv()`` that way. A
+    ``call``/``set_attr`` it died in raises ``ShmVecError`` (call again); a
+    reset is redone. ``max_restarts`` is one budget for the whole vector env:
+    actors restarted and workers restarted inside them, all counted together
+    (``restarts``); beyond it, ``WorkerDiedError``.
 
     Example (it needs a cluster, so it is not run as a doctest)::
 
@@ -296,8 +354,16 @@ class RayVecEnv(VectorEnv):
         shmvec_kwargs["copy"] = False  # Ray copies results anyway
         options = {"num_cpus": 1, **(actor_options or {})}
         self._restart = bool(shmvec_kwargs.get("restart_failed_workers", False))
+        # One budget for the whole vector env, as in ShmVecEnv: actors Ray
+        # restarts and workers the actors' ShmVecEnvs restart, all counted
+        # together. (Each actor's ShmVecEnv also stops at max_restarts of its own.)
+        self.max_restarts = int(shmvec_kwargs.get("max_restarts", 10))  # ShmVecEnv's default
+        self._actor_restarts = 0
+        self._worker_restarts = [0] * len(self.slices)  # reported by each actor's current life
+        self._spent = 0  # worker restarts of actors' earlier lives
+        self._broken: str | None = None
         if self._restart:  # Ray restarts a dead actor's process; _revive() rebuilds its envs
-            options.setdefault("max_restarts", shmvec_kwargs.get("max_restarts", 10))  # ShmVecEnv's default
+            options.setdefault("max_restarts", self.max_restarts)
         actor_class = ray.remote(_SliceHost).options(**options)
         self._actors = [actor_class.remote() for _ in self.slices]
         self._actor_ids = [actor._actor_id.hex() for actor in self._actors]
@@ -344,43 +410,87 @@ class RayVecEnv(VectorEnv):
         self._calls: dict[ray.ObjectRef, tuple[int, int]] = {}  # -> (actor, number of envs)
         self._results: list[tuple] = []
         self._reset_required: str | None = None
+        # Async mode with restarts: the observations each env was last handed
+        # (leaf by leaf), for the restart reports of an actor Ray rebuilt.
+        self._last_obs: list | None = None
 
     # -- Ray calls ------------------------------------------------------------
+
+    @property
+    def restarts(self) -> int:
+        """Actors and workers restarted so far, counted against max_restarts."""
+        return self._actor_restarts + self._spent + sum(self._worker_restarts)
 
     def _gather(self, call: Callable[[int, Any], ray.ObjectRef], actors: Sequence[int] | None = None) -> list:
         """Makes `call` on every actor (or those listed) at once and gathers
         the results in one round."""
         actors = range(len(self._actors)) if actors is None else actors
-        return self._get([call(k, self._actors[k]) for k in actors])
+        return self._get([call(k, self._actors[k]) for k in actors], actors)
 
-    def _get(self, refs: Any) -> Any:
+    def _get(self, refs: list, actors: Sequence[int]) -> list:
+        """ray.get of calls made to `actors` (one each); a dead actor raises
+        ActorDiedError naming the actor of the call that failed (Ray's error
+        may not say which: its actor_id can be None)."""
         try:
             return ray.get(refs)
         except RayActorError as exc:
-            k = self._actor_ids.index(exc.actor_id) if exc.actor_id in self._actor_ids else 0
-            raise ActorDiedError(k, self.slices[k], str(exc).strip().splitlines()[0]) from exc
+            error = exc
+        for k, ref in zip(actors, refs):
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                raise ActorDiedError(k, self.slices[k], str(exc).strip().splitlines()[0]) from exc
+            except Exception:
+                pass  # another call's error: not the actor that died
+        raise error
 
-    def _revive(self, k: int) -> tuple[Any, dict]:
+    def _revive(self, k: int, reason: str) -> None:
         """After actor `k` died (restart_failed_workers): waits for Ray to
-        restart it, rebuilds its envs and resets them without seeds."""
+        restart it and rebuilds its envs, marked restarted: each one's next
+        step reports it, as a ShmVecEnv reports envs of a restarted worker."""
         actor, rows = self._actors[k], self.slices[k]
+        if self.restarts >= self.max_restarts:
+            self._broken = f"shmvec Ray actor {k} died and the restart budget max_restarts={self.max_restarts} is spent"
+            raise ActorDiedError(k, rows, f"{reason}; the restart budget max_restarts={self.max_restarts} is spent")
+        self._actor_restarts += 1
+        self._spent += self._worker_restarts[k]
+        self._worker_restarts[k] = 0
         try:
-            self._get(actor.start.remote(*self._start_args[k]))
-            return self._get(actor.reset.remote([None] * len(rows), None))
+            self._get([actor.start.remote(*self._start_args[k])], [k])
+            self._get([actor.restarted.remote(self._last_seen(k))], [k])
         except ActorDiedError as exc:
-            raise ActorDiedError(k, rows, f"{exc.reason}; Ray's restart budget (max_restarts) is spent") from exc
+            self._broken = f"shmvec Ray actor {k} died and Ray did not restart it"
+            raise ActorDiedError(k, rows, f"{exc.reason}; Ray did not restart it") from exc
+
+    def _last_seen(self, k: int) -> Any:
+        """The observations actor `k`'s envs were last handed out (None: never)."""
+        if self.batch_size == self.num_envs:
+            return self._observations[k]
+        if self._last_obs is None:
+            return None
+        rows = self.slices[k]
+        return self._obs_batches.take(self._last_obs, slice(rows.start, rows.stop))
+
+    def _count_restarts(self, k: int, reported: int) -> None:
+        """Notes the worker restarts actor `k` reported; beyond the budget,
+        WorkerDiedError."""
+        self._worker_restarts[k] = reported
+        if self.restarts > self.max_restarts:
+            self._broken = (f"shmvec Ray actor {k} (envs {self.slices[k].start}..{self.slices[k].stop - 1}) "
+                            f"restarted a worker and the restart budget max_restarts={self.max_restarts} is spent")
+            raise WorkerDiedError(k, self.slices[k], None, self._broken + "; close this vector env")
 
     def _restart_or_raise(self, exc: ActorDiedError) -> None:
         """Revives the actor that `exc` names, or raises `exc` without restarts."""
         if not self._restart:
             raise exc
-        self._revive(exc.worker)
+        self._revive(exc.worker, exc.reason)
 
-    def _stepped(self, refs: Any) -> Any:
+    def _stepped(self, refs: list, actors: Sequence[int]) -> list:
         """Gathers results of steps: after an env error, some envs stepped and
         others did not, so only a full reset brings them back to a known state."""
         try:
-            return self._get(refs)
+            return self._get(refs, actors)
         except ActorDiedError:
             raise
         except Exception:
@@ -388,6 +498,7 @@ class RayVecEnv(VectorEnv):
             raise
 
     def _check_steppable(self) -> None:
+        self._check_usable()
         if self._reset_required:
             raise RuntimeError(self._reset_required)
 
@@ -399,6 +510,7 @@ class RayVecEnv(VectorEnv):
         the batched observations and infos, as ``SyncVectorEnv`` does."""
         self._check_open()
         self._check_sync("reset", "async_reset")
+        self._check_usable()
         seeds = seeds_for(seed, self.num_envs)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
@@ -420,7 +532,8 @@ class RayVecEnv(VectorEnv):
             self._reset_required = None
         self._ended[:] = False if mask is None else self._ended & ~mask
         infos: dict[str, Any] = {}
-        for k, (obs, part) in zip(actors, results):
+        for k, (obs, part, restarts) in zip(actors, results):
+            self._count_restarts(k, restarts)
             self._observations[k] = obs
             infos = self._merge(infos, part, self.slices[k])
         return self._obs_batches.join(self._observations), infos
@@ -436,43 +549,41 @@ class RayVecEnv(VectorEnv):
                 f"envs {np.flatnonzero(self._ended).tolist()} ended their episodes and autoreset_mode is "
                 "DISABLED: reset them with reset(options={'reset_mask': mask}) before stepping again")
         leaves = self._action_batches.check(actions, self.num_envs, "actions")
-        results, restarted = self._step_results([
-            actor.step.remote(self._action_batches.take(leaves, slice(rows.start, rows.stop)))
-            for actor, rows in zip(self._actors, self.slices)])
+        results = self._step_results(lambda k: self._actors[k].step.remote(
+            self._action_batches.take(leaves, slice(self.slices[k].start, self.slices[k].stop))))
         infos: dict[str, Any] = {}
-        last_seen = list(self._observations)
-        for k, (obs, _, _, _, part) in enumerate(results):
+        for k, (obs, _, _, _, part, restarts) in enumerate(results):
+            self._count_restarts(k, restarts)
             self._observations[k] = obs
             infos = self._merge(infos, part, self.slices[k])
-        for k in restarted:  # as ShmVecEnv reports envs of restarted workers
-            for i, row in enumerate(self.slices[k]):
-                if self.autoreset_mode is AutoresetMode.SAME_STEP:
-                    final_obs = self._obs_batches.row(last_seen[k], i)
-                    infos = self._add_info(infos, {"final_obs": final_obs, "final_info": {}}, row)
-                infos = self._add_info(infos, {"shmvec_restarted": True}, row)
         rewards, terminations, truncations = (np.concatenate([r[i] for r in results]) for i in (1, 2, 3))
         if self.autoreset_mode is AutoresetMode.DISABLED:
             self._ended = terminations | truncations
         return self._obs_batches.join(self._observations), rewards, terminations, truncations, infos
 
-    def _step_results(self, refs: list) -> tuple[list, list[int]]:
-        """Each actor's step result. With restart_failed_workers, an actor
-        that died is restarted: its envs come back reset and truncated."""
+    def _step_results(self, step: Callable[[int], ray.ObjectRef]) -> list:
+        """Each actor's step result (`step(k)` makes actor k's call). With
+        restart_failed_workers, an actor that died is restarted and stepped
+        again: its envs' restart reports are their results."""
+        actors = range(len(self._actors))
+        refs = [step(k) for k in actors]
         try:
-            return self._stepped(refs), []
+            return self._stepped(refs, actors)
         except ActorDiedError:
             if not self._restart:
                 raise
-        results, restarted = [], []
-        for k, ref in enumerate(refs):
+        results = []
+        for k, ref in zip(actors, refs):
             try:
-                results.append(self._stepped(ref))
-            except ActorDiedError:
-                obs, infos = self._revive(k)
-                n = len(self.slices[k])
-                results.append((obs, np.zeros(n), np.zeros(n, dtype=np.bool_), np.ones(n, dtype=np.bool_), infos))
-                restarted.append(k)
-        return results, restarted
+                results += self._stepped([ref], [k])
+            except ActorDiedError as exc:
+                self._revive(k, exc.reason)
+                results += self._stepped([step(k)], [k])
+        return results
+
+    def _check_usable(self) -> None:
+        if self._broken:
+            raise ShmVecError(self._broken + "; close this vector env")
 
     def _merge(self, infos: dict, part: dict, rows: range) -> dict:
         return _merge_infos(infos, part, np.arange(len(rows)), np.arange(rows.start, rows.stop), self.num_envs)
@@ -491,12 +602,17 @@ class RayVecEnv(VectorEnv):
         seeds = seeds_for(seed, self.num_envs)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+        self._check_usable()
         if self._calls:  # let them land (each actor's ShmVecEnv drops what is still in flight)
             ray.wait(list(self._calls), num_returns=len(self._calls))
         self._calls.clear()
         self._results.clear()
-        self._gather(lambda k, actor: actor.async_reset.remote(
-            seeds[self.slices[k].start:self.slices[k].stop], options))
+        try:
+            self._gather(lambda k, actor: actor.async_reset.remote(
+                seeds[self.slices[k].start:self.slices[k].stop], options))
+        except ActorDiedError as exc:
+            self._restart_or_raise(exc)
+            return self.async_reset(seed=seed, options=options)
         self._reset_required = None
         self._in_flight[:] = False
         self._reset_pending[:] = True
@@ -541,15 +657,38 @@ class RayVecEnv(VectorEnv):
             raise RuntimeError(
                 f"recv() needs {self.batch_size} envs in flight, but only {available} are: "
                 "send() more first (or async_reset())")
+        self._check_usable()
         have = sum(len(r[5]) for r in self._results)
         self._ask(self.batch_size - have)
         while have < self.batch_size:
             (ref,), _ = ray.wait(list(self._calls), num_returns=1)
             k, _ = self._calls.pop(ref)
-            result = self._stepped(ref)
+            try:
+                result = self._stepped([ref], [k])[0]
+            except ActorDiedError as exc:
+                self._restart_or_raise(exc)
+                self._send_again(k)
+                self._ask(self.batch_size - have)
+                continue
+            self._count_restarts(k, result[6])
             self._results.append((*result[:5], result[5] + self._starts[k]))
             have += len(result[5])
         return self._take(self.batch_size)
+
+    def _send_again(self, k: int) -> None:
+        """Actor `k` was rebuilt: the envs it had in flight go again, to come
+        back with their restart reports (which ignore the action); the
+        others report at their next send()."""
+        for ref in [ref for ref, (j, _) in self._calls.items() if j == k]:
+            del self._calls[ref]  # died with it
+        rows = self.slices[k]
+        received = {int(i) for r in self._results for i in r[5]}
+        lost = [i for i in rows if (self._in_flight[i] or self._reset_pending[i]) and i not in received]
+        self._unasked[k] = len(lost)
+        if lost:
+            actions = self._action_batches.check(self.action_space.sample(), self.num_envs, "actions")
+            self._actors[k].send.remote(self._action_batches.take(actions, np.asarray(lost)),
+                                        np.asarray(lost) - rows.start)
 
     def _ask(self, needed: int = 0) -> None:
         """Asks actors for their finished envs: a chunk from each actor with
@@ -589,6 +728,16 @@ class RayVecEnv(VectorEnv):
         infos["env_id"] = ids
         self._in_flight[ids] = False
         self._reset_pending[ids] = False
+        if self._restart:  # what each env was last handed, for restart reports
+            if self._last_obs is None:
+                self._last_obs = [np.zeros((self.num_envs, *leaf.shape), leaf.dtype) if leaf.fixed
+                                  else [None] * self.num_envs for leaf in self._obs_batches.leaves]
+            for last, value in zip(self._last_obs, self._obs_batches.flatten(obs)):
+                if isinstance(last, np.ndarray):
+                    last[ids] = value
+                else:
+                    for i, v in zip(ids.tolist(), value):
+                        last[i] = v
         return (obs, *(np.concatenate([r[i][:n] for r, n in taken]) for i in (1, 2, 3)), infos)
 
     def _rows(self, result: tuple, rows: np.ndarray) -> tuple:

@@ -14,7 +14,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-from fault_envs import KILL, RAISE, Boom, FaultEnv, actions_for, wait_gone
+from fault_envs import HANG, KILL, RAISE, Boom, FaultEnv, actions_for, wait_gone
 from gymnasium import spaces
 from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -260,16 +260,93 @@ def test_dead_actor_is_restarted(mode, closing):
     envs.step(actions_for(4))
     # FaultEnv observes the steps since its reset; KILL kills the actor that steps env 3.
     obs, rewards, terminations, truncations, infos = envs.step(actions_for(4, row=3, action=KILL))
-    assert obs[:, 0].tolist() == [2, 2, 0, 0]  # actor 1's envs rebuilt and reset
     assert rewards.tolist() == [1, 1, 0, 0] and not terminations.any()
     assert truncations.tolist() == [False, False, True, True]
     assert infos["_shmvec_restarted"].tolist() == [False, False, True, True]
-    if mode is AutoresetMode.SAME_STEP:  # the last observation the caller saw
+    if mode is AutoresetMode.SAME_STEP:  # reset at once; final_obs: the last observation the caller saw
+        assert obs[:, 0].tolist() == [2, 2, 0, 0]
         assert [o[0] for o in infos["final_obs"][2:]] == [1, 1] and infos["_final_info"].tolist() == [0, 0, 1, 1]
-    obs, *_ = envs.step(actions_for(4))
-    assert obs[:, 0].tolist() == [3, 3, 1, 1]  # not reset again
-    with pytest.raises(shmvec.WorkerDiedError, match=r"actor 1 .*restart budget"):
+        obs, *_ = envs.step(actions_for(4))
+        assert obs[:, 0].tolist() == [3, 3, 1, 1]  # not reset again
+    else:  # truncated at the last observation the caller saw; the next step autoresets
+        assert obs[:, 0].tolist() == [2, 2, 1, 1]
+        obs, rewards, terminations, truncations, infos = envs.step(actions_for(4))
+        assert obs[:, 0].tolist() == [3, 3, 0, 0] and rewards.tolist() == [1, 1, 0, 0]
+        assert not truncations.any() and "shmvec_restarted" not in infos
+    with pytest.raises(shmvec.WorkerDiedError, match=r"actor 1 .*max_restarts=1"):
         envs.step(actions_for(4, row=2, action=KILL))
+
+
+def test_max_restarts_counts_every_restart_of_the_vector_env(closing):
+    # One budget for the whole RayVecEnv, as for a ShmVecEnv: not one per actor.
+    envs = RayVecEnv([FaultEnv] * 4, 2, restart_failed_workers=True, max_restarts=1, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    envs.step(actions_for(4, row=0, action=KILL))  # actor 0: the one restart allowed
+    with pytest.raises(shmvec.WorkerDiedError, match=r"actor 1 .*max_restarts=1"):
+        envs.step(actions_for(4, row=3, action=KILL))
+
+
+def test_async_dead_actor_is_restarted(closing):
+    from test_restart import check_async_stream
+
+    envs = RayVecEnv([FaultEnv] * 6, 2, batch_size=2, start_method="fork", num_workers=1,
+                     restart_failed_workers=True)
+    closing(envs)
+    # A worker inside an actor: replaced by the actor's ShmVecEnv.
+    reports = check_async_stream(envs, 40, fault_at=5, fault_env=4, fault=KILL, mode=AutoresetMode.NEXT_STEP,
+                                 reports_due=3)
+    assert reports == 3  # every env of actor 1's worker
+    # The actor itself (as when its node is lost): Ray restarts it, and each
+    # of its envs comes back once, truncated and flagged.
+    ray.kill(envs._actors[0], no_restart=False)
+    seen, deadline = [], time.monotonic() + 30
+    while len(seen) < 3 and time.monotonic() < deadline:  # Ray takes a second or two to restart it
+        obs, rewards, _, truncations, infos = envs.recv()
+        ids = infos["env_id"]
+        flagged = infos.get("_shmvec_restarted", np.zeros(len(ids), bool))
+        assert truncations[flagged].all() and (rewards[flagged] == 0).all()
+        seen += ids[flagged].tolist()
+        envs.send(actions_for(len(ids)), ids)
+    assert sorted(seen) == [0, 1, 2]
+    assert envs.restarts == 2
+
+
+def test_actor_death_is_blamed_on_its_actor(closing, monkeypatch):
+    # Ray does not always say which actor died (actor_id None): the call it
+    # came from does.
+    envs = RayVecEnv([FaultEnv] * 4, 2, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    real_get = ray.get
+
+    def get(refs, *args, **kwargs):
+        try:
+            return real_get(refs, *args, **kwargs)
+        except ray.exceptions.RayActorError as exc:
+            raise ray.exceptions.RayActorError(error_msg=str(exc)) from None  # no actor id
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(shmvec.WorkerDiedError, match=r"actor 1 \(envs 2\.\.3\)"):
+        envs.step(actions_for(4, row=3, action=KILL))
+
+
+def test_actor_stays_responsive_while_it_waits_for_envs(closing):
+    # A recv() that waits inside an actor must not hold up that actor's sends.
+    slow = functools.partial(FaultEnv, hang_s=3.0)
+    envs = RayVecEnv([slow] * 4, 1, batch_size=2, start_method="fork", num_workers=2)
+    closing(envs)
+    actor = envs._actors[0]
+    envs.async_reset(seed=0)
+    for _ in range(2):
+        envs.recv()  # every env's reset result: none is in flight now
+    ray.get(actor.send.remote(np.array([HANG]), np.array([0])))  # env 0 takes 3 s
+    waiting = actor.recv.remote(1)
+    time.sleep(0.3)  # it waits in the actor now
+    start = time.monotonic()
+    ray.get(actor.send.remote(np.array([0]), np.array([2])))
+    assert time.monotonic() - start < 2  # not queued behind the waiting recv
+    ray.get(waiting)
 
 
 def actor_pids(envs) -> list[int]:
