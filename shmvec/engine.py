@@ -434,6 +434,8 @@ class Engine:
             self._collect([w])
             self._post(P.MARK_RESTARTED, None, [w])
             self._collect([w])
+            if self.info_columns is not None:
+                self.info_columns.forget(w + (1 if self._caller is not None else 0))
             self.restarted_rows += list(self.worker_rows[w])
 
     def mark_restarted(self) -> None:

@@ -66,6 +66,12 @@ class InfoColumns:
                 self._columns = self._columns_of(self._schemas[0])
         return self._schemas[k]
 
+    def forget(self, k: int) -> None:
+        """Slice k has a new stepper (its worker was restarted), which adopts
+        a schema of its own."""
+        self._schemas[k] = None
+        self._columns = None
+
     def _columns_of(self, schema: Schema) -> list[tuple]:
         return [(key, f"_{key}", (self._ints if INFO_STORAGE[kind] else self._floats)[:, column], np.dtype(kind))
                 for column, (key, kind) in enumerate(schema)]
