@@ -213,10 +213,7 @@ class _SliceHost:
     async def restarted(self, last_observations: Any) -> None:
         """This actor was rebuilt: every env's next step reports its restart,
         truncated at `last_observations` (None: never handed out)."""
-        if last_observations is not None:
-            self.envs._restarted(last_observations)
-        else:
-            self.envs._engine.mark_restarted()
+        self.envs._restarted(last_observations)
 
     async def reset(self, seed: list, options: dict | None):
         return (*self.envs.reset(seed=seed, options=options), self._restarts())
@@ -366,7 +363,6 @@ class RayVecEnv(VectorEnv):
             options.setdefault("max_restarts", self.max_restarts)
         actor_class = ray.remote(_SliceHost).options(**options)
         self._actors = [actor_class.remote() for _ in self.slices]
-        self._actor_ids = [actor._actor_id.hex() for actor in self._actors]
         # Each actor's ShmVecEnv receives one env at a time, so that the
         # front end can ask an actor for any number of finished envs.
         self._start_args = [([env_fns[i] for i in rows], 1 if async_mode else None, shmvec_kwargs)

@@ -428,10 +428,12 @@ class ShmVecEnv(VectorEnv):
 
     def _restarted(self, last_observations: Any) -> None:
         """For RayVecEnv, after Ray rebuilt the actor this env lives in:
-        `last_observations` (a batch) are the ones the caller was last
-        handed; every env's next step reports its restart."""
-        self._io.write_observations(last_observations)
-        self._io.remember()
+        `last_observations` (a batch; None if none was handed out) are the
+        ones the caller was last handed; every env's next step reports its
+        restart."""
+        if last_observations is not None:
+            self._io.write_observations(last_observations)
+            self._io.remember()
         self._engine.mark_restarted()
 
     def _begin(self, state: CallState, begin: Callable[[], None]) -> None:
