@@ -23,7 +23,7 @@ import ray
 from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from shmvec.contract import checked_reset_mask, per_env_values, seeds_for
 from shmvec.engine import split_slices
@@ -181,6 +181,8 @@ class _Batches:
 # How long a waiting recv() in an actor waits at a time before it looks
 # whether the actor is closing.
 WAIT_SLICE_S = 0.1
+# How long Ray may take to restart a dead actor.
+REVIVE_TIMEOUT_S = 60.0
 
 
 class _SliceHost:
@@ -451,12 +453,19 @@ class RayVecEnv(VectorEnv):
         self._actor_restarts += 1
         self._spent += self._worker_restarts[k]
         self._worker_restarts[k] = 0
-        try:
-            self._get([actor.start.remote(*self._start_args[k])], [k])
-            self._get([actor.restarted.remote(self._last_seen(k))], [k])
-        except ActorDiedError as exc:
-            self._broken = f"shmvec Ray actor {k} died and Ray did not restart it"
-            raise ActorDiedError(k, rows, f"{exc.reason}; Ray did not restart it") from exc
+        deadline = time.monotonic() + REVIVE_TIMEOUT_S
+        while True:
+            try:
+                self._get([actor.start.remote(*self._start_args[k])], [k])
+                self._get([actor.restarted.remote(self._last_seen(k))], [k])
+                return
+            except ActorDiedError as exc:
+                # "Temporarily unavailable": Ray is still restarting it.
+                if isinstance(exc.__cause__, ActorUnavailableError) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                self._broken = f"shmvec Ray actor {k} died and Ray did not restart it"
+                raise ActorDiedError(k, rows, f"{exc.reason}; Ray did not restart it") from exc
 
     def _last_seen(self, k: int) -> Any:
         """The observations actor `k`'s envs were last handed out (None: never)."""
