@@ -12,10 +12,18 @@ from shmvec._gym_compat import GYMNASIUM_1, GYMNASIUM_VERSION, AutoresetMode
 # The autoreset modes to compare in: Gymnasium 1.x's three; under 0.29 its
 # only behaviour (same-step, with final_observation), asked for by None.
 MODES = list(AutoresetMode) if GYMNASIUM_1 else [None]
+SAME_STEP = AutoresetMode.SAME_STEP if GYMNASIUM_1 else None
+AUTORESETTING_MODES = [m for m in MODES if m is not AutoresetMode.DISABLED]
+FINAL_OBS = "final_obs" if GYMNASIUM_1 else "final_observation"
 
 
 def mode_id(mode: AutoresetMode | None) -> str:
     return "default" if mode is None else mode.value
+
+
+def autoreset_kwargs(mode: AutoresetMode | None) -> dict[str, Any]:
+    """The vector env keywords for autoreset `mode` (None: the default)."""
+    return {} if mode is None else {"autoreset_mode": mode}
 
 
 def sync_pair(fns: list, mode: AutoresetMode | None = None, **kwargs: Any) -> tuple:
@@ -24,8 +32,13 @@ def sync_pair(fns: list, mode: AutoresetMode | None = None, **kwargs: Any) -> tu
     import shmvec
     from gymnasium.vector import SyncVectorEnv
 
-    mode_kwargs = {} if mode is None else {"autoreset_mode": mode}
-    return shmvec.ShmVecEnv(fns, **mode_kwargs, **kwargs), SyncVectorEnv(fns, **mode_kwargs)
+    return (shmvec.ShmVecEnv(fns, **autoreset_kwargs(mode), **kwargs),
+            SyncVectorEnv(fns, **autoreset_kwargs(mode)))
+
+
+def needs_gymnasium_1(what: str) -> pytest.MarkDecorator:
+    """Skips a test under Gymnasium 0.29: `what` is a 1.x feature."""
+    return pytest.mark.skipif(not GYMNASIUM_1, reason=f"{what}: Gymnasium 1.x only (installed: {GYMNASIUM_VERSION})")
 
 
 def skip_unless_gymnasium_1(what: str) -> None:

@@ -13,18 +13,12 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
-from helpers import MODES, assert_same, mode_id, run_lockstep, sync_pair
+from helpers import MODES, SAME_STEP, assert_same, mode_id, needs_gymnasium_1, run_lockstep, sync_pair
 
 import shmvec
 from shmvec._gym_compat import GYMNASIUM_1, AutoresetMode
 from shmvec.testing import SpacesEnv
 
-# Same-step autoreset: 1.x's SAME_STEP, 0.29's only (its default).
-SAME_STEP = AutoresetMode.SAME_STEP if GYMNASIUM_1 else None
-
-
-def needs_gymnasium_1(what: str):
-    return pytest.mark.skipif(not GYMNASIUM_1, reason=f"{what}: a Gymnasium 1.x feature")
 
 SPACES = {
     "dict": (

@@ -10,10 +10,10 @@ import signal
 
 import numpy as np
 import pytest
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import assert_same
+from helpers import FINAL_OBS, MODES, SAME_STEP, assert_same, mode_id, sync_pair
 
 import shmvec
+from shmvec._gym_compat import AutoresetMode
 from shmvec.testing import SpacesEnv, StragglerEnv
 
 MAKE = functools.partial(SpacesEnv, max_steps=1000, terminate_prob=0.0, infos=False)
@@ -23,11 +23,10 @@ def kill_worker(envs, w):
     os.kill(envs._engine._processes[w].pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
 def test_killed_worker_is_replaced(mode):
-    envs = shmvec.ShmVecEnv([MAKE] * 6, num_workers=2, caller_steps=True, start_method="fork",
-                            autoreset_mode=mode, restart_failed_workers=True)
-    ref = SyncVectorEnv([MAKE] * 6, autoreset_mode=mode)
+    envs, ref = sync_pair([MAKE] * 6, mode, num_workers=2, caller_steps=True, start_method="fork",
+                          restart_failed_workers=True)
     try:
         rows = list(envs._engine.worker_rows[1])  # envs 4, 5
         others = [i for i in range(6) if i not in rows]
@@ -47,9 +46,9 @@ def test_killed_worker_is_replaced(mode):
         assert truncs[rows].all() and not terms[rows].any() and (rewards[rows] == 0).all()
         assert infos["_shmvec_restarted"].tolist() == [i in rows for i in range(6)]
         assert envs.get_attr("t")[4:] == (0, 0)
-        if mode is AutoresetMode.SAME_STEP:
+        if mode is SAME_STEP:
             for i in rows:
-                assert_same(infos["final_obs"][i], seen[i])
+                assert_same(infos[FINAL_OBS][i], seen[i])
         # Not reset again on the next step (NEXT_STEP): their episodes go on.
         if mode is AutoresetMode.DISABLED:
             envs.reset(options={"reset_mask": np.array([i in rows for i in range(6)])})
