@@ -35,10 +35,9 @@ def _check_observation_mode(mode: Any) -> str | tuple[Space, Space]:
                 f"Expected both elements of observation_mode to be Spaces, got {type(mode[0])} and {type(mode[1])}"
             )
         return mode
-    if mode == "same":
-        return mode
-    if mode == "different":
-        compat.require_gymnasium_1("observation_mode='different'")
+    if isinstance(mode, str) and mode in ("same", "different"):
+        if mode == "different":
+            compat.require_gymnasium_1("observation_mode='different'")
         return mode
     raise ValueError(
         "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
@@ -58,9 +57,11 @@ def _add_env_infos(target: VectorEnv, infos: dict[str, Any], row: int, info: dic
                    ended: bool = False, final_obs: Any = None, final_info: Any = None) -> dict[str, Any]:
     """Adds one env's infos of a step to the batch's as SyncVectorEnv does,
     with the final observation and info of an episode that ended in it."""
-    parts = compat.episode_end_infos(info, final_obs, final_info) if ended else (info or {},)
-    for part in parts:
-        infos = target._add_info(infos, part, row)
+    if ended:
+        for part in compat.episode_end_infos(info, final_obs, final_info):
+            infos = target._add_info(infos, part, row)
+    elif info:
+        infos = target._add_info(infos, info, row)
     return infos
 
 
