@@ -10,7 +10,8 @@ differs is the front end's contract, and only this module knows it:
   episode adds ``final_obs``/``final_info``, then the reset info;
   ``options["reset_mask"]``, ``observation_mode``, ``Env.set_wrapper_attr``.
 - 0.29: ``VectorEnv(num_envs, observation_space, action_space)`` and
-  ``is_vector_env``; batches and actions of ``Dict`` spaces are ``OrderedDict``; always same-step autoreset, where the reset info gets
+  ``is_vector_env``; batches and actions of ``Dict`` spaces are
+  ``OrderedDict``; always same-step autoreset, where the reset info gets
   ``final_observation`` and ``final_info`` added (``_add_info`` does not nest:
   ``final_info`` holds one dict per env, ``None`` elsewhere); ``set_attr`` is
   ``setattr`` on the outermost wrapper.
