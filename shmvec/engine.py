@@ -15,7 +15,6 @@ from typing import Any
 
 import cloudpickle
 import numpy as np
-from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
 from shmvec import _core
 from shmvec import protocol as P
@@ -136,6 +135,9 @@ def check_observation_spaces(spaces: list, observation_mode: Any) -> Any:
                     f"observation_space={space}. If this is intentional, use `observation_mode='different'` instead."
                 )
         return single
+    # Gymnasium 1.x only, as observation_mode (the front end refuses it on 0.29)
+    from gymnasium.spaces.utils import is_space_dtype_shape_equiv
+
     single = spaces[0] if observation_mode == "different" else observation_mode[1]
     for row, space in enumerate(spaces):
         if not is_space_dtype_shape_equiv(space, single):

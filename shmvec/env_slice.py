@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 
 from shmvec import _core
+from shmvec._gym_compat import set_wrapper_attr
 from shmvec.info_columns import INFO_STORAGE
 from shmvec.layout import DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback
 
@@ -146,7 +147,7 @@ class EnvSlice:
     def set_attr(self, name: str, values: list) -> None:
         for row, env, value in zip(self.rows, self.envs, values):
             self.failed_row = row
-            env.set_wrapper_attr(name, value)
+            set_wrapper_attr(env, name, value)
         self.failed_row = -1
 
     def close(self) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from shmvec._gym_compat import dict_builder
+
 __all__ = ["Leaf", "leaves_of", "flattener", "unflattener", "DataLayout", "write_leaf_fallback"]
 
 INFO_COLUMNS = 32  # at most this many keys in an info that travels as columns
@@ -116,7 +118,7 @@ def unflattener(space: spaces.Space) -> Callable[[list[Any]], Any]:
     def build(sub: spaces.Space) -> Callable[[Any], Any]:
         if isinstance(sub, spaces.Dict):
             parts = [(key, build(s)) for key, s in sub.spaces.items()]
-            return lambda it: {key: part(it) for key, part in parts}
+            return dict_builder(parts)
         if isinstance(sub, spaces.Tuple):
             parts_t = [build(s) for s in sub.spaces]
             return lambda it: tuple(part(it) for part in parts_t)

@@ -38,8 +38,8 @@ def make(
     Example:
         >>> import shmvec
         >>> envs = shmvec.make("CartPole-v1", num_envs=2, vector_kwargs={"num_workers": 1})
-        >>> envs
-        ShmVecEnv(CartPole-v1, num_envs=2)
+        >>> envs.spec.id, envs.num_envs
+        ('CartPole-v1', 2)
         >>> envs.close()
     """
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:

@@ -17,6 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shmvec._gym_compat import require_gymnasium_1
+
+require_gymnasium_1("shmvec.ray (RayVecEnv, register_rllib_env)", ImportError)
+
 import gymnasium as gym
 import numpy as np
 import ray

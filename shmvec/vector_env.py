@@ -1,5 +1,6 @@
-"""The Gymnasium 1.x front end: ``shmvec.ShmVecEnv``, a drop-in
-``gymnasium.vector.VectorEnv`` whose envs step in shared-memory workers."""
+"""The Gymnasium front end: ``shmvec.ShmVecEnv``, a drop-in
+``gymnasium.vector.VectorEnv`` whose envs step in shared-memory workers.
+What differs between Gymnasium 0.29.1 and 1.x is in ``shmvec._gym_compat``."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any
 import numpy as np
 from gymnasium import Env, Space, logger
 from gymnasium.error import ClosedEnvironmentError
-from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_differing_spaces, batch_space
+from gymnasium.vector.utils import batch_space
 
+from shmvec import _gym_compat as compat
+from shmvec._gym_compat import AutoresetMode, VectorEnv
 from shmvec.engine import CLOSE_GRACE_S, Engine
 from shmvec.env_slice import AUTORESET_CODES
 from shmvec.call_state import CallState, PendingCall
@@ -27,12 +29,15 @@ def _check_observation_mode(mode: Any) -> str | tuple[Space, Space]:
     """SyncVectorEnv's observation_mode: "same", "different", or a pair
     (batched space, single space)."""
     if isinstance(mode, tuple) and len(mode) == 2:
+        compat.require_gymnasium_1("observation_mode=(batched space, single space)")
         if not isinstance(mode[0], Space) or not isinstance(mode[1], Space):
             raise TypeError(
                 f"Expected both elements of observation_mode to be Spaces, got {type(mode[0])} and {type(mode[1])}"
             )
         return mode
     if isinstance(mode, str) and mode in ("same", "different"):
+        if mode == "different":
+            compat.require_gymnasium_1("observation_mode='different'")
         return mode
     raise ValueError(
         "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
@@ -40,31 +45,24 @@ def _check_observation_mode(mode: Any) -> str | tuple[Space, Space]:
     )
 
 
-def _autoreset_mode(mode: str | AutoresetMode) -> AutoresetMode:
-    if isinstance(mode, AutoresetMode):
-        return mode
-    try:
-        return AutoresetMode(mode)
-    except ValueError:
-        pass
-    if isinstance(mode, str):  # also accept the member names: "NEXT_STEP", "same_step"
-        try:
-            return AutoresetMode[mode.upper()]
-        except KeyError:
-            pass
-    raise ValueError(
-        f"autoreset_mode must be an AutoresetMode or one of "
-        f"{[m.value for m in AutoresetMode]}, got {mode!r}"
-    )
-
-
-class _InfoBatch:
-    """VectorEnv._add_info for a batch of `num_envs` rows (async results)."""
+class _InfoBatch(VectorEnv):
+    """VectorEnv._add_info (and what it calls) for a batch of `num_envs`
+    rows (async results); not a vector env otherwise."""
 
     def __init__(self, num_envs: int):
         self.num_envs = num_envs
 
-    _add_info = VectorEnv._add_info
+
+def _add_env_infos(target: VectorEnv, infos: dict[str, Any], row: int, info: dict | None,
+                   ended: bool = False, final_obs: Any = None, final_info: Any = None) -> dict[str, Any]:
+    """Adds one env's infos of a step to the batch's as SyncVectorEnv does,
+    with the final observation and info of an episode that ended in it."""
+    if ended:
+        for part in compat.episode_end_infos(info, final_obs, final_info):
+            infos = target._add_info(infos, part, row)
+    elif info:
+        infos = target._add_info(infos, info, row)
+    return infos
 
 
 class ShmVecEnv(VectorEnv):
@@ -87,7 +85,10 @@ class ShmVecEnv(VectorEnv):
             sharing CPUs if too few are free), ``False``, or a list of CPU ids.
         start_method: ``"forkserver"`` (default, with numpy and gymnasium
             preloaded), ``"fork"`` or ``"spawn"``.
-        autoreset_mode: an ``AutoresetMode`` or its value as a string.
+        autoreset_mode: an ``AutoresetMode`` or its value as a string
+            (Gymnasium 1.x; ``NEXT_STEP`` by default). Under Gymnasium 0.29
+            envs always reset in the step that ends their episode, with
+            ``infos["final_observation"]`` and ``infos["final_info"]``.
         copy: return observations the caller owns (``True``) or views into
             shared memory that the next step overwrites (``False``).
         timeout: seconds any wait for workers may take before ``TimeoutError``.
@@ -128,7 +129,7 @@ class ShmVecEnv(VectorEnv):
         caller_steps: bool | None = None,
         pin_workers: bool | str | Sequence[int] = "auto",
         start_method: str | None = None,
-        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        autoreset_mode: str | AutoresetMode | None = None,
         copy: bool = True,
         timeout: float | None = None,
         batch_size: int | None = None,
@@ -144,7 +145,7 @@ class ShmVecEnv(VectorEnv):
         super().__init__()
         self.closed = True  # until the engine is up, so __del__/close have nothing to do
         self._calls = PendingCall()
-        self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        self.autoreset_mode = compat.autoreset_mode(autoreset_mode)
         if worker is not None:
             raise ValueError(
                 "shmvec.ShmVecEnv does not take AsyncVectorEnv's `worker`: its workers step envs in "
@@ -194,14 +195,15 @@ class ShmVecEnv(VectorEnv):
         self.num_envs = engine.num_envs
         self.num_workers = engine.num_workers
         description = engine.description
-        self.metadata = dict(description["metadata"])
-        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.metadata = compat.vector_metadata(description["metadata"], self.autoreset_mode)
         self.render_mode = description["render_mode"]
         self.single_observation_space = description["observation_space"]
         self.single_action_space = description["action_space"]
         if self.observation_mode == "same":
             self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         elif self.observation_mode == "different":
+            from gymnasium.vector.utils import batch_differing_spaces  # Gymnasium 1.x only, as the mode
+
             self.observation_space = batch_differing_spaces(description["observation_spaces"])
         else:
             self.observation_space = self.observation_mode[0]
@@ -248,14 +250,19 @@ class ShmVecEnv(VectorEnv):
             if not isinstance(options, dict):
                 raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
             if "reset_mask" in options:
+                compat.require_gymnasium_1("options['reset_mask']")
                 options = dict(options)
                 mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs)
         self._begin(CallState.WAITING_RESET, lambda: self._engine.begin_reset(seeds, options, mask))
         self._reset_mask = mask
 
-    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+    def reset_wait(self, timeout: float | None = None, seed: Any = None,
+                   options: Any = None) -> tuple[Any, dict[str, Any]]:
         """The results of ``reset_async()``: batched observations and infos.
-        After `timeout` seconds, ``TimeoutError`` (the reset stays pending)."""
+        After `timeout` seconds, ``TimeoutError`` (the reset stays pending).
+        `seed` and `options` are ignored, as by AsyncVectorEnv of Gymnasium
+        0.29 (whose ``VectorEnv.reset`` passes them on): give them to
+        ``reset_async()``."""
         self._check_open()
         self._calls.check_waiting(CallState.WAITING_RESET)
         records = self._finish(timeout)
@@ -412,11 +419,9 @@ class ShmVecEnv(VectorEnv):
         infos: dict[str, Any] = {}
         for row, info, ended, final_info, objects, final_obs in sorted(records, key=lambda r: position[r[0]]):
             if ended:
-                final = {"final_obs": self._io.final_obs(row, final_obs), "final_info": final_info}
-                infos = batch._add_info(infos, final, position[row])
+                final_obs = self._io.final_obs(row, final_obs)
             self._io.update_objects(row, objects)
-            if info is not None:
-                infos = batch._add_info(infos, info, position[row])
+            infos = _add_env_infos(batch, infos, position[row], info, ended, final_obs, final_info)
         return infos
 
     def _check_sync(self, name: str, instead: str) -> None:
@@ -495,17 +500,15 @@ class ShmVecEnv(VectorEnv):
         by_row = {record[0]: record for record in records}
         rows = sorted(by_row.keys() | set(columns.rows().tolist())) if columns is not None else list(by_row)
         for row in rows:
-            info = None
+            info = ended = final_info = final_obs = None
             if row in by_row:
                 _, info, ended, final_info, objects, final_obs = by_row[row]
                 self._io.update_objects(row, objects)
                 if ended:
-                    final = {"final_obs": self._io.final_obs(row, final_obs), "final_info": final_info}
-                    infos = self._add_info(infos, final, row)
+                    final_obs = self._io.final_obs(row, final_obs)
             if info is None and columns is not None and columns.flags[row]:
                 info = columns.row(row)
-            if info is not None:
-                infos = self._add_info(infos, info, row)
+            infos = _add_env_infos(self, infos, row, info, ended, final_obs, final_info)
         return infos
 
     # -- the rest of the contract ---------------------------------------------

@@ -5,6 +5,47 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
+
+from shmvec._gym_compat import GYMNASIUM_1, GYMNASIUM_VERSION, AutoresetMode
+
+# The autoreset modes to compare in: Gymnasium 1.x's three; under 0.29 its
+# only behaviour (same-step, with final_observation), asked for by None.
+MODES = list(AutoresetMode) if GYMNASIUM_1 else [None]
+SAME_STEP = AutoresetMode.SAME_STEP if GYMNASIUM_1 else None
+AUTORESETTING_MODES = [m for m in MODES if m is not AutoresetMode.DISABLED]
+FINAL_OBS = "final_obs" if GYMNASIUM_1 else "final_observation"
+
+
+def mode_id(mode: AutoresetMode | None) -> str:
+    return "default" if mode is None else mode.value
+
+
+def autoreset_kwargs(mode: AutoresetMode | None) -> dict[str, Any]:
+    """The vector env keywords for autoreset `mode` (None: the default)."""
+    return {} if mode is None else {"autoreset_mode": mode}
+
+
+def sync_pair(fns: list, mode: AutoresetMode | None = None, **kwargs: Any) -> tuple:
+    """A ShmVecEnv (with `kwargs`) and a SyncVectorEnv over `fns`, in
+    autoreset `mode` (None: the installed Gymnasium's default)."""
+    import shmvec
+    from gymnasium.vector import SyncVectorEnv
+
+    return (shmvec.ShmVecEnv(fns, **autoreset_kwargs(mode), **kwargs),
+            SyncVectorEnv(fns, **autoreset_kwargs(mode)))
+
+
+def needs_gymnasium_1(what: str) -> pytest.MarkDecorator:
+    """Skips a test under Gymnasium 0.29: `what` is a 1.x feature."""
+    return pytest.mark.skipif(not GYMNASIUM_1, reason=f"{what}: Gymnasium 1.x only (installed: {GYMNASIUM_VERSION})")
+
+
+def skip_unless_gymnasium_1(what: str) -> None:
+    """Skips the calling test module under Gymnasium 0.29 (call it before
+    importing names only 1.x has)."""
+    if not GYMNASIUM_1:
+        pytest.skip(f"{what}: Gymnasium 1.x only (installed: {GYMNASIUM_VERSION})", allow_module_level=True)
 
 
 def _zero_dim(x: Any) -> Any:
@@ -44,12 +85,10 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
 def run_lockstep(envs, ref, steps: int, seed: int = 0, reset_seed: Any = 0) -> None:
     """Steps `envs` and the reference with the same actions and compares
     every output; under DISABLED autoreset, resets finished envs by mask."""
-    from gymnasium.vector import AutoresetMode
-
     out, expected = envs.reset(seed=reset_seed), ref.reset(seed=reset_seed)
     assert_same(out, expected, "reset")
     ref.action_space.seed(seed)
-    disabled = ref.metadata["autoreset_mode"] == AutoresetMode.DISABLED
+    disabled = ref.metadata.get("autoreset_mode") == AutoresetMode.DISABLED  # 0.29: no such key
     for t in range(steps):
         actions = ref.action_space.sample()
         out, expected = envs.step(actions), ref.step(actions)

@@ -12,8 +12,8 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import assert_same
+from gymnasium.vector import SyncVectorEnv
+from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id, needs_gymnasium_1
 
 import shmvec
 from shmvec.testing import SpacesEnv, StragglerEnv
@@ -40,7 +40,7 @@ def row_info(infos: dict, i: int) -> dict:
 
 
 def sync_trajectories(make, num_envs, actions, mode):
-    ref = SyncVectorEnv([make] * num_envs, autoreset_mode=mode)
+    ref = SyncVectorEnv([make] * num_envs, **autoreset_kwargs(mode))
     obs, infos = ref.reset(seed=0)
     trajectories = [[(obs[i], 0.0, False, False, row_info(infos, i))] for i in range(num_envs)]
     for t in range(actions.shape[1]):
@@ -69,7 +69,7 @@ def async_trajectories(envs, actions, rounds):
     return trajectories, order
 
 
-@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", AUTORESETTING_MODES, ids=mode_id)
 @pytest.mark.parametrize("make", [
     lambda: gym.make("CartPole-v1"),
     functools.partial(SpacesEnv, max_steps=5, terminate_prob=0.2),
@@ -79,7 +79,7 @@ def test_each_env_trajectory_matches_sync(make, mode):
     rng = np.random.default_rng(0)
     n_actions = 2 if isinstance(make(), gym.Wrapper) else 3
     actions = rng.integers(0, n_actions, size=(num_envs, rounds))
-    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=3, autoreset_mode=mode,
+    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=3, **autoreset_kwargs(mode),
                             start_method="fork")
     try:
         got, _ = async_trajectories(envs, actions, rounds)
@@ -155,10 +155,14 @@ def test_misuse_is_an_error(async_envs):
         envs.recv()
 
 
+@needs_gymnasium_1("autoreset_mode DISABLED")
+def test_disabled_autoreset_is_refused():
+    with pytest.raises(ValueError, match="DISABLED"):
+        shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, batch_size=2, autoreset_mode="Disabled")
+
+
 def test_construction_errors():
     fns = [lambda: gym.make("CartPole-v1")] * 4
-    with pytest.raises(ValueError, match="DISABLED"):
-        shmvec.ShmVecEnv(fns, batch_size=2, autoreset_mode=AutoresetMode.DISABLED)
     with pytest.raises(ValueError, match="batch_size"):
         shmvec.ShmVecEnv(fns, batch_size=0)
     with pytest.raises(ValueError, match="batch_size"):

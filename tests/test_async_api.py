@@ -17,9 +17,8 @@ import pytest
 from fault_envs import GATE, FaultEnv, actions_for
 from gymnasium import spaces
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from gymnasium.vector.utils import batch_differing_spaces
-from helpers import assert_same, run_lockstep
+from gymnasium.vector import SyncVectorEnv
+from helpers import FINAL_OBS, SAME_STEP, assert_same, needs_gymnasium_1, run_lockstep, sync_pair
 
 import shmvec
 from shmvec.testing import SpacesEnv
@@ -45,8 +44,8 @@ def test_async_wait_pairs_give_what_the_plain_calls_give(closing):
         actions = np.array([t % 2, 1, 0, (t // 3) % 2])
         envs.step_async(actions)
         assert_same(envs.step_wait(), ref.step(actions), f"step {t}")
-    envs.call_async("get_wrapper_attr", "np_random_seed")
-    assert envs.call_wait() == ref.call("get_wrapper_attr", "np_random_seed")
+    envs.call_async("get_wrapper_attr", "spec")
+    assert envs.call_wait() == ref.call("get_wrapper_attr", "spec")
 
 
 def test_call_state_errors_match_async_vector_env(closing):
@@ -139,8 +138,11 @@ def box_env(high):
     return functools.partial(SpacesEnv, spaces.Box(0, high, (3,), np.float32), spaces.Discrete(2))
 
 
+@needs_gymnasium_1("observation_mode")
 @pytest.mark.parametrize("mode", ["different", "pair"])
 def test_observation_mode_different_matches_sync(mode, closing):
+    from gymnasium.vector.utils import batch_differing_spaces
+
     fns = [box_env(h) for h in (1.0, 2.0, 3.0, 4.0)]
     single = spaces.Box(0, 1.0, (3,), np.float32)
     observation_mode = mode if mode == "different" else (batch_differing_spaces([f().observation_space for f in fns]), single)
@@ -152,6 +154,7 @@ def test_observation_mode_different_matches_sync(mode, closing):
     run_lockstep(envs, ref, steps=30)
 
 
+@needs_gymnasium_1("observation_mode")
 def test_observation_mode_checks(closing):
     fns = [box_env(h) for h in (1.0, 2.0)]
     with pytest.raises(RuntimeError, match="observation_mode='different'"):
@@ -206,15 +209,13 @@ class PlainObjectsEnv(gym.Env):
 @pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (2, False)])
 def test_same_step_final_obs_is_the_envs_own_object(num_workers, caller_steps, closing):
     fns = [PlainObjectsEnv] * 4
-    envs = shmvec.ShmVecEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, num_workers=num_workers,
-                            caller_steps=caller_steps, start_method="fork")
-    ref = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    envs, ref = sync_pair(fns, SAME_STEP, num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
     closing(envs), closing(ref)
     run_lockstep(envs, ref, steps=12)
     envs.reset(seed=0)
     for _ in range(2):
         *_, infos = envs.step(np.zeros(4, np.int64))
-    assert type(infos["final_obs"][0][0]) is int  # not a numpy integer rebuilt from shared memory
+    assert type(infos[FINAL_OBS][0][0]) is int  # not a numpy integer rebuilt from shared memory
 
 
 def test_warnings_as_errors_still_close(closing):

@@ -6,8 +6,10 @@ import doctest
 import importlib
 
 import pytest
+from helpers import needs_gymnasium_1
 
-MODULES = ["shmvec.vector_env", "shmvec.make", "shmvec.sb3", "shmvec.ray"]
+MODULES = ["shmvec.vector_env", "shmvec.make", "shmvec.sb3",
+           pytest.param("shmvec.ray", marks=needs_gymnasium_1("shmvec.ray"))]
 
 
 @pytest.mark.parametrize("name", MODULES)

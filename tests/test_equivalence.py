@@ -1,6 +1,7 @@
 """Same seeds and actions give exactly what SyncVectorEnv gives: observations,
 rewards, flags and infos, dtypes included, across spaces, autoreset modes,
-worker layouts and start methods."""
+worker layouts and start methods. Runs under Gymnasium 1.x and 0.29 (against
+the installed one's SyncVectorEnv; 0.29 has one autoreset behaviour)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import assert_same, run_lockstep
+from gymnasium.vector import SyncVectorEnv
+from helpers import MODES, SAME_STEP, assert_same, mode_id, needs_gymnasium_1, run_lockstep, sync_pair
 
 import shmvec
+from shmvec._gym_compat import GYMNASIUM_1, AutoresetMode
 from shmvec.testing import SpacesEnv
 
-MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
 SPACES = {
     "dict": (
@@ -58,12 +59,11 @@ def spaces_env(name: str, **kwargs):
     return functools.partial(SpacesEnv, obs, act, **kwargs)
 
 
-def pair(make, num_envs, mode=AutoresetMode.NEXT_STEP, **kwargs):
-    fns = [make] * num_envs
-    return shmvec.ShmVecEnv(fns, autoreset_mode=mode, **kwargs), SyncVectorEnv(fns, autoreset_mode=mode)
+def pair(make, num_envs, mode=None, **kwargs):
+    return sync_pair([make] * num_envs, mode, **kwargs)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_classic_control(env_id, mode, closing):
     envs, ref = pair(lambda: gym.make(env_id), 6, mode, num_workers=2, start_method="fork")
@@ -71,7 +71,7 @@ def test_classic_control(env_id, mode, closing):
     run_lockstep(envs, ref, steps=300)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
 @pytest.mark.parametrize("space", sorted(SPACES))
 def test_spaces(space, mode, closing):
     envs, ref = pair(spaces_env(space), 5, mode, num_workers=1, start_method="fork")
@@ -84,7 +84,7 @@ def test_spaces(space, mode, closing):
     [(1, False, 4), (2, False, 5), (3, False, 7), (0, True, 3), (1, True, 5), (2, True, 8)],
 )
 def test_worker_layouts(num_workers, caller_steps, num_envs, closing):
-    envs, ref = pair(spaces_env("dict"), num_envs, AutoresetMode.SAME_STEP,
+    envs, ref = pair(spaces_env("dict"), num_envs, SAME_STEP,
                      num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
     closing(envs), closing(ref)
     assert envs.num_workers == num_workers
@@ -93,7 +93,7 @@ def test_worker_layouts(num_workers, caller_steps, num_envs, closing):
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
 def test_start_methods(start_method, closing):
-    envs, ref = pair(spaces_env("nested"), 4, AutoresetMode.NEXT_STEP, num_workers=2,
+    envs, ref = pair(spaces_env("nested"), 4, num_workers=2,
                      caller_steps=False, start_method=start_method)
     closing(envs), closing(ref)
     run_lockstep(envs, ref, steps=100)
@@ -105,12 +105,18 @@ def test_many_steps_cartpole_default_options(closing):
     run_lockstep(envs, ref, steps=1000, reset_seed=list(range(100, 116)))
 
 
-def test_reset_seeds_options_and_masks(closing):
+def test_reset_seeds_and_options(closing):
     envs, ref = pair(spaces_env("dict"), 4, num_workers=1, start_method="fork")
     closing(envs), closing(ref)
     for kwargs in [dict(seed=3), dict(seed=[1, None, 5, 7]), dict(seed=9, options={"start": 2.5}), {}]:
         # Unseeded envs go on with the RNG an earlier seed gave them, so all compare.
         assert_same(envs.reset(**kwargs), ref.reset(**kwargs), str(kwargs))
+
+
+@needs_gymnasium_1("options['reset_mask']")
+def test_reset_masks(closing):
+    envs, ref = pair(spaces_env("dict"), 4, num_workers=1, start_method="fork")
+    closing(envs), closing(ref)
     envs.reset(seed=0), ref.reset(seed=0)
     ref.action_space.seed(1)
     for t in range(30):
@@ -133,8 +139,9 @@ def test_call_get_set_attr_and_render(closing):
     assert envs.get_attr("max_steps") == (3, 4, 5, 6, 7)
     envs.set_attr("terminate_prob", 0.0), ref.set_attr("terminate_prob", 0.0)
     assert_same(envs.call("_info", 1), ref.call("_info", 1))
-    assert_same(envs.render(), ref.render())
-    assert envs.np_random_seed == ref.np_random_seed
+    assert_same(envs.render(), ref.call("render"))  # 0.29's SyncVectorEnv has no render()
+    if GYMNASIUM_1:  # 0.29's envs have no np_random_seed
+        assert envs.np_random_seed == ref.np_random_seed
     run_lockstep(envs, ref, steps=20, reset_seed=4)
 
 
@@ -149,8 +156,7 @@ def test_copy_false_returns_views(closing):
 
 
 def test_attributes_match_sync(closing):
-    envs, ref = pair(lambda: gym.make("CartPole-v1"), 3, AutoresetMode.SAME_STEP, num_workers=1,
-                     start_method="fork")
+    envs, ref = pair(lambda: gym.make("CartPole-v1"), 3, SAME_STEP, num_workers=1, start_method="fork")
     closing(envs), closing(ref)
     assert envs.num_envs == ref.num_envs
     assert envs.single_observation_space == ref.single_observation_space
@@ -158,14 +164,19 @@ def test_attributes_match_sync(closing):
     assert envs.observation_space == ref.observation_space
     assert envs.action_space == ref.action_space
     assert envs.metadata == ref.metadata
-    assert envs.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+    if GYMNASIUM_1:
+        assert envs.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
+    else:
+        assert envs.is_vector_env is ref.is_vector_env is True
     assert envs.render_mode == ref.render_mode
     envs.spec = ref.spec = gym.spec("CartPole-v1")
-    assert repr(envs) == "ShmVecEnv(CartPole-v1, num_envs=3)"
+    assert repr(envs) == repr(ref).replace("SyncVectorEnv", "ShmVecEnv")
+    assert "CartPole-v1" in repr(envs)
     envs.single_observation_space = spaces.Box(-5, 5, (4,), np.float32)  # CleanRL scripts do this
     assert envs.single_observation_space.high[0] == 5
 
 
+@needs_gymnasium_1("autoreset_mode")
 def test_autoreset_mode_strings():
     for value in ["NextStep", "SameStep", "Disabled", "same_step"]:
         envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")], num_workers=0)
@@ -181,11 +192,14 @@ def test_make_mirrors_make_vec(closing):
     envs = shmvec.make("CartPole-v1", num_envs=3, max_episode_steps=5,
                        vector_kwargs={"num_workers": 1, "start_method": "fork"})
     closing(envs)
-    ref = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync", max_episode_steps=5)
+    if GYMNASIUM_1:
+        ref = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync", max_episode_steps=5)
+    else:  # 0.29's gym.vector.make warns that it is deprecated
+        ref = SyncVectorEnv([functools.partial(gym.make, "CartPole-v1", max_episode_steps=5)] * 3)
     closing(ref)
     assert envs.spec.id == "CartPole-v1"
     run_lockstep(envs, ref, steps=20)
-    wrapped = shmvec.make("Pendulum-v1", num_envs=2, g=1.62, wrappers=[lambda env: gym.wrappers.ClipReward(env, -1, 1)],
+    wrapped = shmvec.make("Pendulum-v1", num_envs=2, g=1.62, wrappers=[gym.wrappers.ClipAction],
                           vector_kwargs={"num_workers": 0})
     closing(wrapped)
     assert wrapped.get_attr("g") == (1.62, 1.62)
@@ -282,6 +296,6 @@ def test_async_send_casts_actions_to_the_space_dtype(closing):
 @pytest.mark.slow
 def test_hundred_thousand_steps_lockstep(closing):
     """10^5 steps against SyncVectorEnv, episodes ending and infos flowing."""
-    envs, ref = pair(spaces_env("dict"), 4, AutoresetMode.SAME_STEP, num_workers=1, start_method="fork")
+    envs, ref = pair(spaces_env("dict"), 4, SAME_STEP, num_workers=1, start_method="fork")
     closing(envs), closing(ref)
     run_lockstep(envs, ref, steps=100_000)

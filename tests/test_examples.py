@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import needs_gymnasium_1
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
@@ -24,6 +25,7 @@ def run_example(name: str, *args: str, cwd: pathlib.Path, timeout: float) -> dic
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@needs_gymnasium_1("examples/cleanrl_ppo.py uses gymnasium.wrappers.vector")
 def test_cleanrl_ppo_learns_cartpole(tmp_path):
     pytest.importorskip("torch")
     # rl-zoo's CartPole settings for PPO, so that 100k steps are enough.

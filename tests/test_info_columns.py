@@ -11,8 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import assert_same, run_lockstep
+from helpers import AUTORESETTING_MODES, MODES, assert_same, mode_id, run_lockstep, sync_pair
 
 import shmvec
 
@@ -57,13 +56,10 @@ class InfoEnv(gym.Env):
 
 def pair(pattern, mode, num_workers, caller_steps, num_envs=5):
     fns = [functools.partial(InfoEnv, i, pattern) for i in range(num_envs)]
-    envs = shmvec.ShmVecEnv(fns, autoreset_mode=mode, num_workers=num_workers, caller_steps=caller_steps,
-                            start_method="fork")
-    return envs, SyncVectorEnv(fns, autoreset_mode=mode)
+    return sync_pair(fns, mode, num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
 
 
-@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED],
-                         ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
 @pytest.mark.parametrize("pattern", ["same", "sometimes_empty", "other_schema", "odd_values", "big_ints"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["caller+1worker", "2workers", "caller-only"])
 def test_infos_match_sync(pattern, mode, layout, closing):
@@ -75,7 +71,7 @@ def test_infos_match_sync(pattern, mode, layout, closing):
 def test_common_case_takes_the_columns(closing):
     """The point of it: infos of one schema come from the columns, not
     from pickled records vectorized env by env."""
-    envs, ref = pair("same", AutoresetMode.NEXT_STEP, 1, True)
+    envs, ref = pair("same", None, 1, True)
     closing(envs), closing(ref)
     envs.reset(seed=0), ref.reset(seed=0)
     *_, infos = envs.step(np.zeros(5, np.int64))
@@ -92,9 +88,8 @@ def test_common_case_takes_the_columns(closing):
 def test_mujoco_infos_match_sync(closing):
     pytest.importorskip("mujoco")
     make = functools.partial(gym.make, "HalfCheetah-v5", max_episode_steps=30)
-    for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
-        envs = shmvec.ShmVecEnv([make] * 4, num_workers=1, autoreset_mode=mode, start_method="fork")
-        ref = SyncVectorEnv([make] * 4, autoreset_mode=mode)
+    for mode in AUTORESETTING_MODES:
+        envs, ref = sync_pair([make] * 4, mode, num_workers=1, start_method="fork")
         closing(envs), closing(ref)
         run_lockstep(envs, ref, steps=70)
         assert envs._engine.info_columns.rows().size == 4

@@ -11,6 +11,10 @@ import subprocess
 import sys
 import time
 
+from helpers import skip_unless_gymnasium_1
+
+skip_unless_gymnasium_1("shmvec.ray (RayVecEnv)")
+
 import gymnasium as gym
 import numpy as np
 import pytest

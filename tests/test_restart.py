@@ -11,25 +11,40 @@ import time
 
 import numpy as np
 import pytest
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from fault_envs import HANG, KILL, FaultEnv
-from helpers import assert_same
+from gymnasium.vector import SyncVectorEnv
+from helpers import FINAL_OBS, MODES, SAME_STEP, assert_same, mode_id, sync_pair
 
 import shmvec
+from shmvec._gym_compat import AutoresetMode
 from shmvec.testing import SpacesEnv, StragglerEnv
 
 MAKE = functools.partial(SpacesEnv, max_steps=1000, terminate_prob=0.0, infos=False)
+
+
+# The default autoreset mode: NEXT_STEP on Gymnasium 1.x, same-step on 0.29.
+DEFAULT_MODE = MODES[0]
+# Async mode's modes: every autoresetting one.
+ASYNC_MODES = [m for m in MODES if m is None or m is not AutoresetMode.DISABLED]
+
+
+def restart_in_final_info(infos: dict, i: int) -> bool:
+    """Whether env i's final_info says it was restarted (1.x nests final_info
+    batched; 0.29 keeps one dict per env)."""
+    final = infos["final_info"]
+    if isinstance(final, dict):
+        return bool(final.get("_shmvec_restarted", np.zeros(i + 1, bool))[i])
+    return bool(final[i] and final[i].get("shmvec_restarted"))
 
 
 def kill_worker(envs, w):
     os.kill(envs._engine._processes[w].pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
 def test_killed_worker_is_replaced(mode):
-    envs = shmvec.ShmVecEnv([MAKE] * 6, num_workers=2, caller_steps=True, start_method="fork",
-                            autoreset_mode=mode, restart_failed_workers=True)
-    ref = SyncVectorEnv([MAKE] * 6, autoreset_mode=mode)
+    envs, ref = sync_pair([MAKE] * 6, mode, num_workers=2, caller_steps=True, start_method="fork",
+                          restart_failed_workers=True)
     try:
         rows = list(envs._engine.worker_rows[1])  # envs 4, 5
         others = [i for i in range(6) if i not in rows]
@@ -49,13 +64,13 @@ def test_killed_worker_is_replaced(mode):
         assert truncs[rows].all() and not terms[rows].any() and (rewards[rows] == 0).all()
         assert infos["_shmvec_restarted"].tolist() == [i in rows for i in range(6)]
         assert envs._engine.restarts == 1
-        if mode is AutoresetMode.SAME_STEP:
+        if mode is SAME_STEP:
             # Reset at once; final_obs is the last observation the caller saw.
             assert envs.get_attr("t")[4:] == (0, 0)
             for i in rows:
-                assert_same(infos["final_obs"][i], seen[i])
+                assert_same(infos[FINAL_OBS][i], seen[i])
             assert infos["_final_info"].tolist() == [i in rows for i in range(6)]
-            assert infos["final_info"]["_shmvec_restarted"].tolist() == [i in rows for i in range(6)]
+            assert [restart_in_final_info(infos, i) for i in range(6)] == [i in rows for i in range(6)]
             envs.step(actions)
             assert envs.get_attr("t")[4:] == (1, 1)  # not reset again
             return
@@ -168,8 +183,8 @@ def check_async_stream(envs, steps: int, fault_at: int, fault_env: int, fault: i
                 if mode is AutoresetMode.NEXT_STEP:
                     assert t == last[i][0]  # the last observation the caller saw
                 else:
-                    assert t == 0 and infos["final_obs"][j][0] == last[i][0]
-                    assert infos["final_info"]["shmvec_restarted"][j]
+                    assert t == 0 and infos[FINAL_OBS][j][0] == last[i][0]
+                    assert restart_in_final_info(infos, j)
             else:
                 assert (t, rewards[j], truncs[j]) == (last[i][0] + 1, 1, False), (i, k)
             last[i] = (t, bool(terms[j] or truncs[j]))
@@ -183,7 +198,7 @@ def check_async_stream(envs, steps: int, fault_at: int, fault_env: int, fault: i
     return reports
 
 
-@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)
+@pytest.mark.parametrize("mode", ASYNC_MODES, ids=mode_id)
 def test_async_dead_worker_is_replaced(mode):
     envs = shmvec.ShmVecEnv([FaultEnv] * 6, batch_size=2, num_workers=3, start_method="fork",
                             autoreset_mode=mode, restart_failed_workers=True)
@@ -199,7 +214,7 @@ def test_async_hung_worker_is_replaced_after_timeout():
     envs = shmvec.ShmVecEnv([functools.partial(FaultEnv, hang_s=60)] * 4, batch_size=2, num_workers=2,
                             start_method="fork", timeout=1.0, restart_failed_workers=True)
     try:
-        reports = check_async_stream(envs, 30, fault_at=5, fault_env=3, fault=HANG, mode=AutoresetMode.NEXT_STEP,
+        reports = check_async_stream(envs, 30, fault_at=5, fault_env=3, fault=HANG, mode=DEFAULT_MODE,
                                      reports_due=2)
         assert envs._engine.restarts == 1 and reports == 2
     finally:
@@ -211,7 +226,7 @@ def test_async_restart_budget():
                             restart_failed_workers=True, max_restarts=0)
     try:
         with pytest.raises(shmvec.WorkerDiedError, match="max_restarts=0"):
-            check_async_stream(envs, 20, fault_at=2, fault_env=1, fault=KILL, mode=AutoresetMode.NEXT_STEP,
+            check_async_stream(envs, 20, fault_at=2, fault_env=1, fault=KILL, mode=DEFAULT_MODE,
                                reports_due=1)
     finally:
         envs.close()

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import pytest
+from helpers import skip_unless_gymnasium_1
 
+skip_unless_gymnasium_1("shmvec.ray.register_rllib_env")
 pytest.importorskip("ray.rllib", exc_type=ImportError)  # needs "ray[rllib]" and torch
 
 from test_examples import run_example

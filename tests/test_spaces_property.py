@@ -6,8 +6,7 @@ import functools
 
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import run_lockstep
+from helpers import MODES, run_lockstep, sync_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -52,11 +51,10 @@ nested_spaces = st.recursive(
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(obs_space=nested_spaces, act_space=nested_spaces,
-       mode=st.sampled_from(list(AutoresetMode)), num_envs=st.integers(2, 4))
+       mode=st.sampled_from(MODES), num_envs=st.integers(2, 4))
 def test_random_nested_spaces(obs_space, act_space, mode, num_envs):
     make = functools.partial(SpacesEnv, obs_space, act_space, max_steps=6, terminate_prob=0.2)
-    envs = shmvec.ShmVecEnv([make] * num_envs, num_workers=1, autoreset_mode=mode, start_method="fork")
-    ref = SyncVectorEnv([make] * num_envs, autoreset_mode=mode)
+    envs, ref = sync_pair([make] * num_envs, mode, num_workers=1, start_method="fork")
     try:
         run_lockstep(envs, ref, steps=15)
     finally:

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import functools
 
+from helpers import skip_unless_gymnasium_1
+
+skip_unless_gymnasium_1("Gymnasium's vector wrappers (gymnasium.wrappers.vector)")
+
 import gymnasium as gym
 import numpy as np
 import pytest
