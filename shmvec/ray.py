@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +32,9 @@ from shmvec.vector_env import ShmVecEnv
 __all__ = ["ActorDiedError", "RayVecEnv", "register_rllib_env"]
 
 CLOSE_GRACE_S = 5.0
+REVIVE_TIMEOUT_S = 60.0  # how long a restarting actor may stay unavailable
+# A call to an actor that Ray is restarting (older Rays, within ray>=2.9, have no such error).
+_ACTOR_UNAVAILABLE = getattr(ray.exceptions, "ActorUnavailableError", ())
 
 
 class ActorDiedError(WorkerDiedError):
@@ -179,6 +183,8 @@ class _SliceHost:
     """A Ray actor's body: one slice of a RayVecEnv's envs in a ShmVecEnv."""
 
     def start(self, env_fns: list, batch_size: int | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if getattr(self, "envs", None) is not None:  # a start tried again (see RayVecEnv._revive)
+            self.envs.close()
         self.envs = _shmvec_env(env_fns, batch_size, kwargs)
         self._batches = _Batches(self.envs.single_observation_space)
         e = self.envs
@@ -362,13 +368,24 @@ class RayVecEnv(VectorEnv):
 
     def _revive(self, k: int) -> tuple[Any, dict]:
         """After actor `k` died (restart_failed_workers): waits for Ray to
-        restart it, rebuilds its envs and resets them without seeds."""
+        restart it, rebuilds its envs and resets them without seeds. Until
+        the restart is done, calls fail with Ray's ActorUnavailableError
+        ("the actor is restarting"; for longer on a busy machine): those are
+        tried again, for up to REVIVE_TIMEOUT_S."""
         actor, rows = self._actors[k], self.slices[k]
-        try:
-            self._get(actor.start.remote(*self._start_args[k]))
-            return self._get(actor.reset.remote([None] * len(rows), None))
-        except ActorDiedError as exc:
-            raise ActorDiedError(k, rows, f"{exc.reason}; Ray's restart budget (max_restarts) is spent") from exc
+        deadline = time.monotonic() + REVIVE_TIMEOUT_S
+        while True:
+            try:
+                self._get(actor.start.remote(*self._start_args[k]))
+                return self._get(actor.reset.remote([None] * len(rows), None))
+            except ActorDiedError as exc:
+                if not isinstance(exc.__cause__, _ACTOR_UNAVAILABLE):
+                    raise ActorDiedError(k, rows, f"{exc.reason}; Ray's restart budget (max_restarts) "
+                                                  "is spent") from exc
+                if time.monotonic() > deadline:
+                    raise ActorDiedError(k, rows, f"{exc.reason}; Ray did not restart it within "
+                                                  f"{REVIVE_TIMEOUT_S:g} s") from exc
+                time.sleep(0.05)
 
     def _restart_or_raise(self, exc: ActorDiedError) -> None:
         """Revives the actor that `exc` names, or raises `exc` without restarts."""
