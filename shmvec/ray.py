@@ -27,7 +27,7 @@ import ray
 from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import RayActorError
 
 from shmvec.contract import checked_reset_mask, per_env_values, seeds_for
 from shmvec.engine import split_slices
@@ -38,6 +38,8 @@ from shmvec.vector_env import ShmVecEnv
 __all__ = ["ActorDiedError", "RayVecEnv", "register_rllib_env"]
 
 CLOSE_GRACE_S = 5.0
+# A call to an actor that Ray is restarting (older Rays, within ray>=2.9, have no such error).
+_ACTOR_UNAVAILABLE = getattr(ray.exceptions, "ActorUnavailableError", ())
 
 
 class ActorDiedError(WorkerDiedError):
@@ -465,7 +467,7 @@ class RayVecEnv(VectorEnv):
                 return
             except ActorDiedError as exc:
                 # "Temporarily unavailable": Ray is still restarting it.
-                if isinstance(exc.__cause__, ActorUnavailableError) and time.monotonic() < deadline:
+                if isinstance(exc.__cause__, _ACTOR_UNAVAILABLE) and time.monotonic() < deadline:
                     time.sleep(0.1)
                     continue
                 self._broken = f"shmvec Ray actor {k} died and Ray did not restart it"
@@ -825,10 +827,13 @@ def _rllib_env(env: str | Callable[[dict], gym.Env], config: dict) -> gym.Env:
 
 def _rllib_creator(env: str | Callable[[dict], gym.Env], shmvec_kwargs: dict[str, Any], env_context: dict):
     """RLlib's env creator: one env, or a ShmVecEnv when RLlib asks for a vector env."""
-    config = dict(env_context)  # RLlib's EnvContext: the user's env_config
-    num_envs = config.pop("num_envs", None)
-    if num_envs is None:
-        return _rllib_env(env, config)
+    if "num_envs" not in env_context:
+        # One env: the creator gets RLlib's EnvContext as it is (worker_index
+        # and the rest), as with RLlib's own register_env.
+        return _rllib_env(env, env_context)
+    # RLlib's vector entry point passes a plain dict: the user's env_config and num_envs.
+    config = dict(env_context)
+    num_envs = config.pop("num_envs")
     return _shmvec_env([functools.partial(_rllib_env, env, config)] * num_envs, None, shmvec_kwargs)
 
 
@@ -837,8 +842,10 @@ def register_rllib_env(name: str, env: str | Callable[[dict], gym.Env], **shmvec
     (new API stack) step their envs in a ``shmvec.ShmVecEnv``.
 
     `env` is a Gymnasium env id or a callable that makes one env from RLlib's
-    ``env_config``; `shmvec_kwargs` go to each ``ShmVecEnv`` (``num_workers``
-    defaults to the env runner's CPUs, ``num_cpus_per_env_runner``, less one).
+    ``env_config`` (RLlib's ``EnvContext`` when RLlib asks for one env; under
+    the vector entry point RLlib passes a plain dict, and each env gets it);
+    `shmvec_kwargs` go to each ``ShmVecEnv`` (``num_workers`` defaults to the
+    env runner's CPUs, ``num_cpus_per_env_runner``, less one).
 
     Example (``examples/rllib_ppo.py`` trains PPO this way)::
 

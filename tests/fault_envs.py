@@ -1,5 +1,6 @@
-"""Small envs that fail on purpose, for the fault and bad-input tests, and
-helpers that inspect this process's children, fds and mappings.
+"""Small envs that fail on purpose, for the fault and bad-input tests, a
+wrapper that records which processes stepped an env, and helpers that
+inspect this process's children, fds and mappings.
 
 Everything here is importable in worker processes under every start method
 (tests/ is on sys.path of the test process, which spawn and forkserver
@@ -195,6 +196,24 @@ class CastEnv(gym.Env):
         terminated = self.flag_type(self.t % 3 == 0)
         truncated = self.flag_type(0)
         return self._obs(), reward, terminated, truncated, {}
+
+
+class StepRecorder(gym.Wrapper):
+    """Remembers the pids of the processes that stepped it: where an env
+    really ran, whichever front end built it (read with ``get_attr``)."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.stepped_by: set[int] = set()
+
+    def step(self, action):
+        self.stepped_by.add(os.getpid())
+        return self.env.step(action)
+
+
+def recorded_cartpole(config: dict) -> gym.Env:
+    """CartPole under a StepRecorder, made from RLlib's ``env_config``."""
+    return StepRecorder(gym.make("CartPole-v1", **config))
 
 
 # -- process, fd and mapping inspection ---------------------------------------

@@ -22,13 +22,16 @@ CPUS = [0, 1, 2, 3]  # what choose_cpus believes it may use, whatever this machi
 
 @pytest.fixture
 def tmpdir_only(tmp_path, monkeypatch):
-    """TMPDIR (and tempfile's cached copy) point into tmp_path; no XDG_RUNTIME_DIR."""
+    """TMPDIR (and tempfile's cached copy) point into tmp_path; no XDG_RUNTIME_DIR;
+    an idle machine of CPUS ("auto" does not pin on a busy one, and a CI
+    machine running other suites is busy)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setattr(cpus, "allowed_cpu_ids", lambda: list(CPUS))
+    monkeypatch.setattr(cpus, "runnable_threads", lambda: 0)
     return tmp
 
 

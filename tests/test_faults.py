@@ -175,9 +175,9 @@ def test_env_raises_in_call(layout, closing):
     ids=["worker0-env0", "worker1-env3", "caller-env1", "worker-env3", "caller-only-env2"],
 )
 def test_env_raises_in_factory(layout, bad_row):
+    gc.collect()  # first: a previous test's garbage must not close its fds during this one
     before = set(descendants())
     fds = open_fds()
-    gc.collect()
     maps = set(arena_mappings())
     fns = [functools.partial(FaultEnv, fail_factory=(i == bad_row)) for i in range(4)]
     with pytest.raises(Boom, match="^factory failed$") as info:
@@ -656,10 +656,10 @@ def _cycle(k: int, start_method: str) -> None:
 
 def check_no_leaks(cycles: int, start_method: str) -> None:
     _cycle(0, start_method)  # warm up: the fork server and resource tracker start once
+    gc.collect()  # first: garbage must not close its fds during the cycles
     before_procs = set(descendants())
     before_fds = open_fds()
     before_shm = dev_shm()
-    gc.collect()
     before_maps = arena_mappings()
     for k in range(cycles):
         _cycle(k, start_method)

@@ -353,6 +353,34 @@ def test_actor_stays_responsive_while_it_waits_for_envs(closing):
     ray.get(waiting)
 
 
+def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):
+    # Until Ray has restarted a dead actor, calls to it fail with
+    # ActorUnavailableError ("the actor is restarting"), for longer on a busy
+    # machine: the revival tries them again, and does not take them for a
+    # spent restart budget.
+    envs = RayVecEnv([FaultEnv] * 4, 2, restart_failed_workers=True, max_restarts=1, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    real_get, died, unavailable = ray.get, [], []
+
+    def get(refs, *args, **kwargs):
+        # The step's gather, then actor 1's own result, found it dead: the
+        # revival's first three calls find it restarting.
+        if len(died) >= 2 and len(unavailable) < 3:
+            unavailable.append(refs)
+            raise ray.exceptions.ActorUnavailableError("The actor is restarting", None)
+        try:
+            return real_get(refs, *args, **kwargs)
+        except ray.exceptions.RayActorError as exc:
+            died.append(exc)
+            raise
+
+    monkeypatch.setattr(ray, "get", get)
+    obs, rewards, terminations, truncations, infos = envs.step(actions_for(4, row=3, action=KILL))
+    assert len(unavailable) == 3
+    assert obs[:, 0].tolist() == [1, 1, 0, 0] and infos["_shmvec_restarted"].tolist() == [False, False, True, True]
+
+
 def actor_pids(envs) -> list[int]:
     return ray.get([actor.__ray_call__.remote(lambda _: os.getpid()) for actor in envs._actors])
 
