@@ -358,26 +358,35 @@ def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):
     # ActorUnavailableError ("the actor is restarting"), for longer on a busy
     # machine: the revival tries them again, and does not take them for a
     # spent restart budget.
+    from shmvec.ray import ActorDiedError
+
     envs = RayVecEnv([FaultEnv] * 4, 2, restart_failed_workers=True, max_restarts=1, **FAST)
     closing(envs)
     envs.reset(seed=0)
-    real_get, died, unavailable = ray.get, [], []
+    unavailable = []
+    real_revive = RayVecEnv._revive
 
-    def get(refs, *args, **kwargs):
-        # The step's gather, then actor 1's own result, found it dead: the
-        # revival's first three calls find it restarting.
-        if len(died) >= 2 and len(unavailable) < 3:
-            unavailable.append(refs)
-            raise ray.exceptions.ActorUnavailableError("The actor is restarting", None)
+    def revive(self, k, reason):
+        real_get = self._get
+
+        def get(refs, actors):  # the revival's first two calls find the actor restarting
+            if len(unavailable) < 2:
+                unavailable.append(refs)
+                try:
+                    raise ray.exceptions.ActorUnavailableError("The actor is restarting", None)
+                except ray.exceptions.ActorUnavailableError as cause:
+                    raise ActorDiedError(k, self.slices[k], "unavailable") from cause
+            return real_get(refs, actors)
+
+        self._get = get
         try:
-            return real_get(refs, *args, **kwargs)
-        except ray.exceptions.RayActorError as exc:
-            died.append(exc)
-            raise
+            return real_revive(self, k, reason)
+        finally:
+            del self._get
 
-    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(RayVecEnv, "_revive", revive)
     obs, rewards, terminations, truncations, infos = envs.step(actions_for(4, row=3, action=KILL))
-    assert len(unavailable) == 3
+    assert len(unavailable) == 2
     assert obs[:, 0].tolist() == [1, 1, 0, 0] and infos["_shmvec_restarted"].tolist() == [False, False, True, True]
 
 
