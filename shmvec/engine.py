@@ -39,9 +39,12 @@ CLOSE_GRACE_S = 5.0
 
 
 
-def default_num_workers(num_envs: int, caller_steps: bool) -> int:
-    """One stepping process per usable CPU, the caller counting as one."""
-    slots = usable_cpus() - (1 if caller_steps else 0)
+def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False) -> int:
+    """One stepping process per usable CPU, the caller counting as one: it
+    steps a slice itself, or in async mode it runs the user's policy while
+    the workers step (CartPole x64, a torch MLP, 2 CPUs: one worker beside
+    the caller made 95k steps/s, two 73k, medians of 4 fresh processes)."""
+    slots = usable_cpus() - (1 if caller_steps or async_mode else 0)
     cap = num_envs - (1 if caller_steps else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
 
@@ -51,8 +54,9 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
     """(num_workers, caller_steps) for `num_envs` envs.
 
     Left to shmvec (``None``): one stepping process per CPU, the caller
-    counting as one (it would idle otherwise) except in async mode, where
-    send() must return at once. With an explicit `num_workers`, every worker
+    counting as one: it steps a slice (it would idle otherwise), except in
+    async mode, where send() must return at once and the caller's CPU runs
+    the user's policy. With an explicit `num_workers`, every worker
     gets at least one env, and the caller steps a slice of its own only if
     envs are left after that (unless told otherwise)."""
     if num_workers is not None and num_workers > num_envs:
@@ -61,7 +65,7 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
     if caller_steps is None:
         caller_steps = not async_mode and (num_workers is None or num_workers < num_envs)
     if num_workers is None:
-        num_workers = default_num_workers(num_envs, caller_steps)
+        num_workers = default_num_workers(num_envs, caller_steps, async_mode)
     if caller_steps and num_workers >= num_envs:
         raise ValueError(f"caller_steps=True needs an env for the caller besides one per worker: "
                          f"{num_envs} envs for num_workers={num_workers}")
@@ -279,7 +283,7 @@ class Engine:
         # write end. We keep the read end too, for workers started later.
         self._fds[2], self._fds[0] = os.pipe()
         PARENT_ONLY_FDS.add(self._fds[0])
-        cpus, locks = choose_cpus(w, pin_workers, leave_free=1 if self._caller_steps else 0)
+        cpus, locks = choose_cpus(w, pin_workers, leave_free=1 if self._caller_steps or self.async_mode else 0)
         self._cpus[:] = cpus
         self._fds += locks  # closed at shutdown, which frees the CPUs
         PARENT_ONLY_FDS.update(locks)

@@ -229,3 +229,14 @@ def test_warnings_as_errors_still_close(closing):
         with pytest.raises(UserWarning):
             envs.close()
     assert envs._engine.closed
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 16])
+def test_async_mode_leaves_the_caller_a_cpu_for_the_policy(monkeypatch, cpus):
+    # In async mode the caller runs the policy while workers step: by
+    # default one worker per usable CPU less the caller's (at least one).
+    from shmvec import engine
+
+    monkeypatch.setattr(engine, "usable_cpus", lambda: cpus)
+    assert engine.plan_slices(64, None, None, async_mode=True) == (max(1, cpus - 1), False)
+    assert engine.plan_slices(64, None, None, async_mode=False) == (max(0, cpus - 1), True)
