@@ -154,13 +154,14 @@ def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: d
     """One measurement, meant for a fresh process; `options` go to
     ShmVecEnv (with ``batch_size`` below `num_envs`, the async loop runs)."""
     options = options or {}
+    if policy == "mlp":
+        import torch  # before the envs, as a training script imports it at the top
+
     envs = build(peer, spec, num_envs, atari=atari, **options)
     try:
         extra = _layout(envs) if PEERS[peer].takes_options else {}
         pick = None
         if policy == "mlp":
-            import torch
-
             observation_space = getattr(envs, "single_observation_space", None) or envs.observation_space
             pick = mlp_policy(observation_space, single_action_space(envs))
             extra["torch_threads"] = torch.get_num_threads()
