@@ -153,13 +153,18 @@ class BatchIO:
 
     def remember(self, rows: np.ndarray | None = None) -> None:
         """Keeps the observations just handed out (of every env, or `rows`)."""
-        if rows is None or self.last_seen is None:
+        if self.last_seen is None:  # once; then copies into the same buffers, no allocation per step
             self.last_seen = self.snapshot()
             return
         for last, view, objects in zip(self.last_seen, self.obs_views, self._object_obs):
             if view is None:
-                for r in rows.tolist():
-                    last[r] = objects[r]
+                if rows is None:
+                    last[:] = objects
+                else:
+                    for r in rows.tolist():
+                        last[r] = objects[r]
+            elif rows is None:
+                np.copyto(last, view)
             else:
                 last[rows] = view[rows]
 
