@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from shmvec._system import usable_cpus
+from shmvec._engine.system import usable_cpus
 from shmvec.measure import FreshProcess, action_batches, step_for, tree_memory, warmup_seconds
 from shmvec.peers import build, single_action_space
 

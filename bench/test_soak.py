@@ -87,7 +87,7 @@ def test_soak(mode):
                     pass
             now = time.monotonic()
             if now - last_kill >= KILL_EVERY and envs.num_workers:
-                os.kill(envs._engine._processes[steps % envs.num_workers].pid, signal.SIGKILL)
+                os.kill(envs._engine.pool.processes[steps % envs.num_workers].pid, signal.SIGKILL)
                 last_kill = now
             if now - last_report >= 10:
                 rates.append(window_steps / (now - last_report))

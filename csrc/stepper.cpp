@@ -372,6 +372,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
   const bool has_objects = objects && !objects.is_none();
   if (!(has_info || ended_same_step || has_objects)) return py::none();
   py::none none;
+  // The fields of shmvec._engine.protocol.StepRecord, in order.
   return py::make_tuple(row, has_info ? info : none, ended_same_step,
                         ended_same_step ? final_info : none, has_objects ? objects : none,
                         ended_same_step ? final_obs : none);

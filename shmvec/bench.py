@@ -16,7 +16,7 @@ import statistics
 import sys
 
 import shmvec
-from shmvec._system import usable_cpus
+from shmvec._engine.system import usable_cpus
 from shmvec.measure import Hogs, async_rate, concurrent_limit, isolated, mlp_policy, tree_memory, vector_rate
 from shmvec.peers import PEERS, build, env_factory, single_action_space, workload_missing
 
@@ -144,7 +144,7 @@ def _layout(envs) -> dict:
     """What a ShmVecEnv made of its options: its number of workers, and
     whether they were pinned (``pin_workers="auto"`` pins only when every
     worker gets a CPU of its own)."""
-    cpus = getattr(getattr(envs, "_engine", None), "_cpus", None)
+    cpus = getattr(getattr(getattr(envs, "_engine", None), "pool", None), "cpus", None)
     return {"workers": envs.num_workers,
             "pinned": None if cpus is None else any(cpu is not None for cpu in cpus)}
 

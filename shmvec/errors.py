@@ -22,8 +22,13 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 class ShmVecError(RuntimeError):
-    """A vector env can no longer step (a worker died, a wait timed out, an
-    env failed mid-batch); the message says what to do next."""
+    """Raised by shmvec itself, never for an env: an env's own exception
+    reaches the caller as itself, with the worker's traceback as its cause.
+
+    Either the vector env is broken (a worker died or hung beyond the restart
+    budget, ``WorkerDiedError``; from then on only ``close()`` works), or one
+    call could not complete (workers were restarted during a ``call``: call
+    again). The message says which, and what to do next."""
 
 
 class PerformanceWarning(UserWarning):

@@ -22,7 +22,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from shmvec._system import usable_cpus
+from shmvec._engine.system import usable_cpus
 
 __all__ = ["Peer", "PEERS", "PROCESS_PER_ENV_CAP", "REAL_INSTALL", "env_factory", "atari_env", "make_env",
            "workload_missing", "build", "single_action_space"]

@@ -30,9 +30,9 @@ from gymnasium.vector.utils import batch_space
 from ray.exceptions import RayActorError
 
 from shmvec.contract import checked_reset_mask, per_env_values, seeds_for
-from shmvec.engine import split_slices
+from shmvec._engine.plan import split_slices
 from shmvec.errors import ShmVecError, WorkerDiedError
-from shmvec.layout import flattener, leaves_of, unflattener
+from shmvec._engine.layout import flattener, leaves_of, unflattener
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["ActorDiedError", "RayVecEnv", "register_rllib_env"]
@@ -257,7 +257,7 @@ class _SliceHost:
         envs, loop = self.envs, asyncio.get_running_loop()
         engine, start = envs._engine, time.monotonic()
         while not envs._reset_ready:
-            if await loop.run_in_executor(self._waiter, engine.wait_finished, 1, WAIT_SLICE_S):
+            if await loop.run_in_executor(self._waiter, engine.async_steps.wait_finished, 1, WAIT_SLICE_S):
                 return
             if self._closing:
                 raise ClosedEnvironmentError("this actor's envs are closing")

@@ -18,9 +18,10 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from shmvec import _sb3_env
-from shmvec.batch_io import BatchIO
-from shmvec.engine import Engine
-from shmvec.env_slice import AUTORESET_CODES
+from shmvec._engine.batch_io import BatchIO
+from shmvec._engine.cycle import CommandCycle
+from shmvec._engine.engine import Engine
+from shmvec._engine.env_slice import AUTORESET_CODES
 
 __all__ = ["ShmVecEnv"]
 
@@ -90,6 +91,9 @@ class ShmVecEnv(VecEnv):
         owner = uuid.uuid4().hex
         self._engine = Engine(
             [_sb3_env.EnvFactory(fn, owner) for fn in env_fns],
+            # Not strict: after an env error the envs step on, as in DummyVecEnv.
+            cycle=CommandCycle(lambda: RuntimeError("this shmvec.sb3.ShmVecEnv is closed; create a new one"),
+                               strict=False),
             num_workers=num_workers,
             caller_steps=caller_steps,
             pin_workers=pin_workers,
@@ -132,10 +136,9 @@ class ShmVecEnv(VecEnv):
             if len(groups) > 1:
                 mask = np.zeros(self.num_envs, dtype=np.bool_)
                 mask[rows] = True
-            for row, info, _ended, _final, objects, _final_obs in self._engine.reset(
-                    list(self._seeds), options, mask):
-                self._io.update_objects(row, objects)
-                self.reset_infos[row] = info or {}
+            for record in self._engine.reset(list(self._seeds), options, mask):
+                self._io.update_objects(record.row, record.objects)
+                self.reset_infos[record.row] = record.info or {}
         self._reset_seeds()
         self._reset_options()
         self._remember()
@@ -176,16 +179,17 @@ class ShmVecEnv(VecEnv):
         columns = self._engine.info_columns
         for row in columns.rows().tolist():  # infos that came as columns: fresh dicts already
             infos[row] = {**columns.row(row), "TimeLimit.truncated": timeouts[row]}
-        for row, info, ended, final_info, objects, final_obs in records:
+        for record in records:
+            row, info = record.row, record.info
             if info is None and columns.flags[row]:
                 info = columns.row(row)  # its reset info, after an episode end
-            io.update_objects(row, objects)
-            step_info = final_info if ended else info
+            io.update_objects(row, record.objects)
+            step_info = record.final_info if record.ended else info
             # Fresh dicts, as DummyVecEnv's deepcopy: an env may reuse its own.
             out = copy.deepcopy(step_info) if step_info else {}
             out["TimeLimit.truncated"] = timeouts[row]
-            if ended:  # a restart report (shmvec_restarted) as any episode end
-                out["terminal_observation"] = io.final_obs(row, final_obs)
+            if record.ended:  # a restart report (shmvec_restarted) as any episode end
+                out["terminal_observation"] = io.final_obs(row, record.final_obs)
                 self.reset_infos[row] = info or {}
             infos[row] = out
         self._remember()
@@ -265,5 +269,4 @@ class ShmVecEnv(VecEnv):
         self._engine.close(terminate=terminate)
 
     def _check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError("this shmvec.sb3.ShmVecEnv is closed; create a new one")
+        self._engine.cycle.check_usable()

@@ -14,12 +14,13 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec import _gym_compat as compat
 from shmvec._gym_compat import AutoresetMode, VectorEnv
-from shmvec.engine import CLOSE_GRACE_S, Engine
-from shmvec.env_slice import AUTORESET_CODES
-from shmvec.call_state import CallState, PendingCall
-from shmvec.errors import ShmVecError, ShmVecTimeoutError
-from shmvec.info_columns import InfoColumns
-from shmvec.batch_io import BatchIO
+from shmvec._engine.batch_io import BatchIO
+from shmvec._engine.cycle import CommandCycle, Phase
+from shmvec._engine.engine import CLOSE_GRACE_S, Engine
+from shmvec._engine.env_slice import AUTORESET_CODES
+from shmvec._engine.info_columns import InfoColumns
+from shmvec._engine.protocol import StepRecord
+from shmvec.errors import ShmVecTimeoutError
 from shmvec.contract import checked_reset_mask, per_env_values, seeds_for
 
 __all__ = ["ShmVecEnv"]
@@ -144,7 +145,8 @@ class ShmVecEnv(VectorEnv):
     ):
         super().__init__()
         self.closed = True  # until the engine is up, so __del__/close have nothing to do
-        self._calls = PendingCall()
+        # Every call runs through this state machine (shmvec._engine.cycle).
+        self._cycle = CommandCycle(lambda: ClosedEnvironmentError("this ShmVecEnv is closed; create a new one"))
         self.autoreset_mode = compat.autoreset_mode(autoreset_mode)
         if worker is not None:
             raise ValueError(
@@ -173,11 +175,12 @@ class ShmVecEnv(VectorEnv):
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or not 1 <= batch_size <= num_envs:
             raise ValueError(f"batch_size must be an int in [1, num_envs={num_envs}], got {batch_size!r}")
         self.batch_size = int(batch_size)
-        async_mode = self.batch_size < num_envs
+        async_mode = self._async_mode = self.batch_size < num_envs
         if async_mode and self.autoreset_mode is AutoresetMode.DISABLED:
             raise ValueError("autoreset_mode DISABLED is not supported with batch_size < num_envs (async mode)")
         self._engine = Engine(
             env_fns,
+            cycle=self._cycle,
             num_workers=num_workers,
             caller_steps=caller_steps,
             pin_workers=pin_workers,
@@ -211,8 +214,9 @@ class ShmVecEnv(VectorEnv):
 
         self._io = BatchIO(engine, copy=self.copy)
         self._restarts = engine.restart_failed_workers  # keep what the caller saw (see BatchIO.remember)
+        # Under DISABLED autoreset: envs whose episode ended, to reset before a step.
+        self._disabled = self.autoreset_mode is AutoresetMode.DISABLED
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
-        self._reset_required: str | None = None
         self._reset_mask: np.ndarray | None = None  # of the pending reset
         # Async mode: envs sent and not yet received; envs reset by
         # async_reset() waiting to be received, with their reset records.
@@ -241,10 +245,10 @@ class ShmVecEnv(VectorEnv):
         options: dict[str, Any] | None = None,
     ) -> None:
         """Starts resetting the envs; ``reset_wait()`` returns the results."""
-        self._check_open()
+        self._cycle.check_usable()
         self._check_sync("reset", "async_reset")
         seeds = seeds_for(seed, self.num_envs)
-        self._calls.check_idle("reset_async")
+        self._cycle.check_idle("reset_async")
         mask = None
         if options is not None:
             if not isinstance(options, dict):
@@ -253,7 +257,7 @@ class ShmVecEnv(VectorEnv):
                 compat.require_gymnasium_1("options['reset_mask']")
                 options = dict(options)
                 mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs)
-        self._begin(CallState.WAITING_RESET, lambda: self._engine.begin_reset(seeds, options, mask))
+        self._engine.begin_reset(seeds, options, mask)
         self._reset_mask = mask
 
     def reset_wait(self, timeout: float | None = None, seed: Any = None,
@@ -263,13 +267,12 @@ class ShmVecEnv(VectorEnv):
         `seed` and `options` are ignored, as by AsyncVectorEnv of Gymnasium
         0.29 (whose ``VectorEnv.reset`` passes them on): give them to
         ``reset_async()``."""
-        self._check_open()
-        self._calls.check_waiting(CallState.WAITING_RESET)
+        self._cycle.check_waiting(Phase.WAITING_RESET)
         records = self._finish(timeout)
         mask = self._reset_mask
         if mask is None:
             self._autoreset_envs[:] = False
-            self._reset_required = None
+            self._cycle.reset_done()
         else:
             self._autoreset_envs[mask] = False
         infos = self._infos(records)  # first: it stores observation leaves without a fixed shape
@@ -286,34 +289,36 @@ class ShmVecEnv(VectorEnv):
     def step_async(self, actions: Any) -> None:
         """Hands every env its action and returns at once (the caller's own
         slice of envs, if any, steps in ``step_wait()``)."""
-        self._check_open()
-        self._check_sync("step", "send/recv")
-        self._calls.check_idle("step_async")
-        if self._reset_required:
-            raise RuntimeError(self._reset_required)
-        if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset_envs.any():
+        if self._cycle.phase is not Phase.IDLE:
+            self._cycle.check_steppable()
+        if self._async_mode:
+            self._check_sync("step", "send/recv")
+        if self._disabled and self._autoreset_envs.any():
             ended = np.flatnonzero(self._autoreset_envs).tolist()
             raise RuntimeError(
                 f"envs {ended} ended their episodes and autoreset_mode is DISABLED: reset them "
                 "with reset(options={'reset_mask': mask}) before stepping again"
             )
-        object_actions = self._io.write_actions(actions)
-        self._begin(CallState.WAITING_STEP, lambda: self._engine.begin_step(object_actions))
+        self._engine.begin_step(self._io.write_actions(actions))
 
     def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """The results of ``step_async()``. After `timeout` seconds,
         ``TimeoutError`` (the step stays pending: call ``step_wait()`` again)."""
-        self._check_open()
-        self._calls.check_waiting(CallState.WAITING_STEP)
-        records = self._finish(timeout)
+        if self._cycle.phase is not Phase.WAITING_STEP:
+            self._cycle.check_waiting(Phase.WAITING_STEP)
+        records = self._engine.finish(timeout)  # (no step in async mode: nothing to send again)
         io = self._io
         if self._engine.restarted_rows and self.autoreset_mode is not AutoresetMode.SAME_STEP:
             # Truncated at the last observation the caller saw (their
             # restart reports leave the arena as it is: restore it).
             io.restore(self._engine.restarted_rows)
-        if self.autoreset_mode is AutoresetMode.DISABLED:
+        if self._disabled:
             np.logical_or(io.terminations, io.truncations, out=self._autoreset_envs)
-        infos = self._step_infos(records)
+        # Straight from the info columns when every env's info is there (no
+        # per-env work), else env by env.
+        infos = self._engine.info_columns.batch() if not records else None
+        if infos is None:
+            infos = self._infos(records, self._engine.info_columns)
         if self._restarts:
             io.remember()
         return (
@@ -330,26 +335,25 @@ class ShmVecEnv(VectorEnv):
                     options: dict[str, Any] | None = None) -> None:
         """Resets every env and returns at once; ``recv()`` then returns the
         reset observations ``batch_size`` envs at a time (rewards 0, flags False)."""
-        self._check_open()
+        self._cycle.check_usable()
         seeds = seeds_for(seed, self.num_envs)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+        steps = self._engine.async_steps
         while self._in_flight.any():  # let them land, then drop their results
-            finished = self._run(lambda: self._engine.recv(int(self._in_flight.sum())))
+            finished = steps.recv(int(self._in_flight.sum()))
             self._in_flight[finished or self._engine.restarted_rows] = False  # a restart lost its own
-        records = self._run(lambda: self._engine.reset(seeds, options, None))
-        self._reset_required = None
+        records = self._engine.reset(seeds, options, None)
+        self._cycle.reset_done()
         self._io.rewards[:] = 0.0
         self._io.terminations[:] = False
         self._io.truncations[:] = False
-        self._reset_records = {record[0]: record for record in records}
+        self._reset_records = {record.row: record for record in records}
         self._reset_ready = list(range(self.num_envs))
 
     def send(self, actions: Any, env_ids: Any) -> None:
         """Hands envs `env_ids` their next actions and returns at once."""
-        self._check_open()
-        if self._reset_required:
-            raise RuntimeError(self._reset_required)
+        self._cycle.check_steppable("send")
         ids = np.asarray(env_ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
             raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
@@ -364,14 +368,14 @@ class ShmVecEnv(VectorEnv):
         if waiting:
             raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")
         self._io.write_actions(actions, ids)
-        self._engine.send(ids.tolist())
+        self._engine.async_steps.send(ids.tolist())
         self._in_flight[ids] = True
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Waits for ``batch_size`` envs to finish and returns their
         (observations, rewards, terminations, truncations, infos), in the
         order they finished; ``infos["env_id"]`` says which envs they are."""
-        self._check_open()
+        self._cycle.check_usable()
         available = len(self._reset_ready) + int(self._in_flight.sum())
         if available < self.batch_size:
             raise RuntimeError(
@@ -381,14 +385,15 @@ class ShmVecEnv(VectorEnv):
         rows = self._reset_ready[: self.batch_size]
         del self._reset_ready[: self.batch_size]
         records = [self._reset_records.pop(r) for r in rows if r in self._reset_records]
+        steps = self._engine.async_steps
         while len(rows) < self.batch_size:
-            finished = self._run(lambda: self._engine.recv(self.batch_size - len(rows)))
+            finished = steps.recv(self.batch_size - len(rows))
             if self._engine.restarted_rows:
                 self._send_again(self._engine.restarted_rows)
                 continue
             self._in_flight[finished] = False
             rows += finished
-            records += self._run(lambda: [r for r in map(self._engine.async_record, finished) if r is not None])
+            records += [r for r in map(steps.record, finished) if r is not None]
         ids = np.asarray(rows, dtype=np.int64)
         infos = self._batch_infos(records, rows)  # first: it stores observation leaves without a fixed shape
         infos["env_id"] = ids
@@ -400,7 +405,7 @@ class ShmVecEnv(VectorEnv):
 
     def _send_lost(self) -> None:
         """In async mode, after a command during which workers were replaced."""
-        if self.batch_size < self.num_envs and self._engine.restarted_rows:
+        if self._async_mode and self._engine.restarted_rows:
             self._send_again(self._engine.restarted_rows)
 
     def _send_again(self, restarted: list[int]) -> None:
@@ -410,18 +415,17 @@ class ShmVecEnv(VectorEnv):
         rows = np.asarray(restarted)
         lost = rows[self._in_flight[rows]].tolist()
         self._io.restore(lost)  # the failed worker may have written some of their rows
-        self._engine.send(lost)
+        self._engine.async_steps.send(lost)
 
     def _batch_infos(self, records: list, rows: list[int]) -> dict[str, Any]:
         """Like _infos, for a batch of async results (rows in their order in the batch)."""
         batch = _InfoBatch(len(rows))
         position = {row: i for i, row in enumerate(rows)}
         infos: dict[str, Any] = {}
-        for row, info, ended, final_info, objects, final_obs in sorted(records, key=lambda r: position[r[0]]):
-            if ended:
-                final_obs = self._io.final_obs(row, final_obs)
-            self._io.update_objects(row, objects)
-            infos = _add_env_infos(batch, infos, position[row], info, ended, final_obs, final_info)
+        for r in sorted(records, key=lambda r: position[r.row]):
+            final_obs = self._io.final_obs(r.row, r.final_obs) if r.ended else None
+            self._io.update_objects(r.row, r.objects)
+            infos = _add_env_infos(batch, infos, position[r.row], r.info, r.ended, final_obs, r.final_info)
         return infos
 
     def _check_sync(self, name: str, instead: str) -> None:
@@ -441,71 +445,30 @@ class ShmVecEnv(VectorEnv):
             self._io.remember()
         self._engine.mark_restarted()
 
-    def _begin(self, state: CallState, begin: Callable[[], None]) -> None:
-        self._calls.begin(state)
-        try:
-            begin()
-        except BaseException:
-            self._calls.end()
-            raise
-
     def _finish(self, timeout: float | None = None) -> Any:
-        """Collects the pending call. A timeout or an interrupted wait leaves
-        it pending; anything else ends it."""
-        state = self._calls.state
+        """Collects the waiting call (the engine moves the cycle on: see
+        shmvec._engine.cycle); in async mode, envs that restarted workers
+        had in flight are sent again."""
         try:
-            result = self._engine.finish(timeout)
-        except BaseException as exc:
-            self._send_lost()
-            if self._engine.in_flight:
-                raise  # a timeout or an interrupted wait: still pending
-            self._calls.end()
-            if isinstance(exc, (ShmVecError, ShmVecTimeoutError)):
-                pass  # the engine says itself whether it can go on
-            elif isinstance(exc, KeyboardInterrupt):
-                if self._engine.caller_interrupted:  # our own slice stopped mid-batch
-                    self._reset_required = "a step was interrupted mid-batch; reset() all envs before stepping again"
-            elif state is not CallState.WAITING_CALL:  # a failed call changes no env's state
-                # Some envs of the batch stepped, others did not: only a full
-                # reset brings every env back to a known state.
-                self._reset_required = "an env raised during the last call; reset() all envs before stepping again"
-            raise
-        self._send_lost()
-        self._calls.end()
-        return result
+            return self._engine.finish(timeout)
+        finally:
+            if self._async_mode:
+                self._send_lost()
 
-    def _run(self, operation: Callable[[], Any]) -> Any:
-        """An async-mode operation (send/recv), whose errors need a reset."""
-        try:
-            return operation()
-        except (ShmVecError, ShmVecTimeoutError):
-            raise  # the engine is broken: it says so itself
-        except Exception:
-            self._reset_required = "an env raised during the last call; reset() all envs before stepping again"
-            raise
-
-    def _step_infos(self, records: list) -> dict[str, Any]:
-        """A step's infos: straight from the info columns when every env's
-        info is there (no per-env work), else env by env."""
-        if not records:
-            infos = self._engine.info_columns.batch()
-            if infos is not None:
-                return infos
-        return self._infos(records, self._engine.info_columns)
-
-    def _infos(self, records: list, columns: InfoColumns | None = None) -> dict[str, Any]:
+    def _infos(self, records: list[StepRecord], columns: InfoColumns | None = None) -> dict[str, Any]:
         """Vectorises the records (and infos in `columns`) exactly as
         SyncVectorEnv does, env by env."""
         infos: dict[str, Any] = {}
-        by_row = {record[0]: record for record in records}
+        by_row = {record.row: record for record in records}
         rows = sorted(by_row.keys() | set(columns.rows().tolist())) if columns is not None else list(by_row)
         for row in rows:
             info = ended = final_info = final_obs = None
-            if row in by_row:
-                _, info, ended, final_info, objects, final_obs = by_row[row]
-                self._io.update_objects(row, objects)
+            record = by_row.get(row)
+            if record is not None:
+                info, ended, final_info = record.info, record.ended, record.final_info
+                self._io.update_objects(row, record.objects)
                 if ended:
-                    final_obs = self._io.final_obs(row, final_obs)
+                    final_obs = self._io.final_obs(row, record.final_obs)
             if info is None and columns is not None and columns.flags[row]:
                 info = columns.row(row)
             infos = _add_env_infos(self, infos, row, info, ended, final_obs, final_info)
@@ -524,14 +487,13 @@ class ShmVecEnv(VectorEnv):
 
     def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
         """Starts calling method `name` of every env; ``call_wait()`` returns the results."""
-        self._check_open()
-        self._begin(CallState.WAITING_CALL, lambda: self._engine.begin_call(name, args, kwargs))
+        self._cycle.check_idle("call_async")
+        self._engine.begin_call(name, args, kwargs)
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """The results of ``call_async()``, one per env. After `timeout`
         seconds, ``TimeoutError`` (the call stays pending)."""
-        self._check_open()
-        self._calls.check_waiting(CallState.WAITING_CALL)
+        self._cycle.check_waiting(Phase.WAITING_CALL)
         return tuple(self._finish(timeout))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
@@ -541,9 +503,9 @@ class ShmVecEnv(VectorEnv):
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Sets `name` on every env: one value each if `values` is a list or
         tuple, else the same value for all."""
-        self._check_open()
+        self._cycle.check_usable()
         values = per_env_values(values, self.num_envs)
-        self._calls.check_idle("set_attr")
+        self._cycle.check_idle("set_attr")
         try:
             self._engine.set_attr(name, values)
         finally:
@@ -563,11 +525,10 @@ class ShmVecEnv(VectorEnv):
         AsyncVectorEnv;
         ``terminate=True`` kills workers at once (e.g. when an env hangs)."""
         engine = getattr(self, "_engine", None)
-        calls = getattr(self, "_calls", None)
         try:
-            if engine is not None and calls is not None and calls.pending:
-                pending, _ = calls.state.value, calls.end()
-                logger.warn(f"Calling `close` while waiting for a pending call to `{pending}` to complete.")
+            if engine is not None and self._cycle.waiting:
+                logger.warn(f"Calling `close` while waiting for a pending call to `{self._cycle.phase.value}` "
+                            "to complete.")
                 if not terminate and engine.in_flight:
                     try:
                         engine.finish(CLOSE_GRACE_S if timeout is None else timeout)  # bounded, even if an env hangs
@@ -579,7 +540,3 @@ class ShmVecEnv(VectorEnv):
             self._io = None  # its views would keep the arena mapped
             if engine is not None:
                 engine.close(terminate=terminate)
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ClosedEnvironmentError("this ShmVecEnv is closed; create a new one")

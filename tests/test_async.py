@@ -179,7 +179,7 @@ def test_worker_death_while_in_flight():
         ids = envs.recv()[4]["env_id"]
         envs.send(np.zeros(2, dtype=np.int64), ids)
         envs.recv()
-        for p in envs._engine._processes:
+        for p in envs._engine.pool.processes:
             os.kill(p.pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(shmvec.WorkerDiedError):

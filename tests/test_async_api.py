@@ -235,8 +235,8 @@ def test_warnings_as_errors_still_close(closing):
 def test_async_mode_leaves_the_caller_a_cpu_for_the_policy(monkeypatch, cpus):
     # In async mode the caller runs the policy while workers step: by
     # default one worker per usable CPU less the caller's (at least one).
-    from shmvec import engine
+    from shmvec._engine import plan
 
-    monkeypatch.setattr(engine, "usable_cpus", lambda: cpus)
-    assert engine.plan_slices(64, None, None, async_mode=True) == (max(1, cpus - 1), False)
-    assert engine.plan_slices(64, None, None, async_mode=False) == (max(0, cpus - 1), True)
+    monkeypatch.setattr(plan, "usable_cpus", lambda: cpus)
+    assert plan.plan_slices(64, None, None, async_mode=True) == (max(1, cpus - 1), False)
+    assert plan.plan_slices(64, None, None, async_mode=False) == (max(0, cpus - 1), True)

@@ -8,8 +8,8 @@ import pytest
 from fault_envs import FaultEnv
 
 import shmvec
-from shmvec import protocol as P
-from shmvec.engine import REQUEST_CAPACITY
+from shmvec._engine import protocol as P
+from shmvec._engine.transport import REQUEST_CAPACITY
 
 
 class InterruptAfterFirstChunk:
@@ -40,14 +40,14 @@ def test_interrupted_chunked_request_leaves_nothing_behind(next_request, closing
     envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
     closing(envs)
     engine = envs._engine
-    real = engine._channel
+    real = engine.transport.channel  # the pool waits on the same channel
     big = b"x" * (3 * REQUEST_CAPACITY)
-    engine._channel = InterruptAfterFirstChunk(real)
+    engine.transport.channel = engine.pool.channel = InterruptAfterFirstChunk(real)
     try:
         with pytest.raises(KeyboardInterrupt):
             envs.set_attr("payload", big)
     finally:
-        engine._channel = real
+        engine.transport.channel = engine.pool.channel = real
     value = "small" if next_request == "small" else b"y" * (2 * REQUEST_CAPACITY + 5)
     envs.set_attr("payload", value)  # the worker must not join the stale chunk to this
     assert envs.get_attr("payload") == (value,) * 4

@@ -1,4 +1,4 @@
-"""CPU reservations (shmvec/cpus.py): lock files in a directory private to
+"""CPU reservations (shmvec/_engine/cpus.py): lock files in a directory private to
 this user. Whatever is planted at its path, or wherever opening a lock
 fails, vector envs still start (unpinned, with one RuntimeWarning) and no
 lock stays taken."""
@@ -15,7 +15,7 @@ import pytest
 from fault_envs import FaultEnv, lock_is_free
 
 import shmvec
-from shmvec import cpus
+from shmvec._engine import cpus
 
 CPUS = [0, 1, 2, 3]  # what choose_cpus believes it may use, whatever this machine has
 
@@ -160,14 +160,14 @@ def test_default_env_starts_unpinned_despite_a_planted_file(tmpdir_only, monkeyp
     envs.reset()
     obs, rewards, *_ = envs.step(np.zeros(2, dtype=np.int64))
     assert np.array_equal(rewards, np.ones(2))
-    pid = envs._engine._processes[0].pid
+    pid = envs._engine.pool.processes[0].pid
     assert os.sched_getaffinity(pid) == os.sched_getaffinity(0)
 
 
 def test_auto_does_not_pin_on_a_busy_machine(monkeypatch, tmp_path):
     """A pinned worker cannot leave a core another program takes: with more
     runnable threads than CPUs, "auto" leaves scheduling to the kernel."""
-    from shmvec import cpus
+    from shmvec._engine import cpus
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     monkeypatch.setattr(cpus, "allowed_cpu_ids", lambda: [0, 1])

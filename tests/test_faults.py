@@ -764,8 +764,8 @@ def test_pinned_workers_of_two_envs_take_distinct_cpus_and_free_them(tmp_path, m
     second = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=True, pin_workers=True,
                               start_method="fork")
     try:
-        a = _os.sched_getaffinity(first._engine._processes[0].pid)
-        b = _os.sched_getaffinity(second._engine._processes[0].pid)
+        a = _os.sched_getaffinity(first._engine.pool.processes[0].pid)
+        b = _os.sched_getaffinity(second._engine.pool.processes[0].pid)
         assert len(a) == len(b) == 1
         if len(cpus) >= 2:
             assert a != b
@@ -775,6 +775,6 @@ def test_pinned_workers_of_two_envs_take_distinct_cpus_and_free_them(tmp_path, m
     third = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=True, pin_workers=True,
                              start_method="fork")
     try:  # the first env's CPU is free again: the highest one is taken first
-        assert _os.sched_getaffinity(third._engine._processes[0].pid) == {cpus[-1]}
+        assert _os.sched_getaffinity(third._engine.pool.processes[0].pid) == {cpus[-1]}
     finally:
         third.close()

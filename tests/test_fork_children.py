@@ -22,7 +22,7 @@ LEARNER = textwrap.dedent("""
     import os, sys, time
     import numpy as np
     import shmvec
-    from shmvec._system import PARENT_ONLY_FDS
+    from shmvec._engine.system import PARENT_ONLY_FDS
     from fault_envs import FaultEnv
 
     if __name__ == "__main__":
@@ -101,12 +101,12 @@ def test_forked_workers_keep_no_other_engines_arena(closing):
                              start_method="fork")
     closing(first)
     first.reset()
-    first_arena = os.fstat(first._engine._fds[1]).st_ino
+    first_arena = os.fstat(first._engine.pool.fds[1]).st_ino
     second = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=False, pin_workers=False,
                               start_method="fork")
     closing(second)
     second.reset()
-    second_arena = os.fstat(second._engine._fds[1]).st_ino
+    second_arena = os.fstat(second._engine.pool.fds[1]).st_ino
     for pid in worker_pids(second):
         mapped, held = arena_inodes_of(pid)
         assert first_arena not in mapped, "a worker of the second env maps the first env's arena"

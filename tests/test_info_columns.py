@@ -1,4 +1,4 @@
-"""Step infos that travel as columns in shared memory (shmvec.info_columns):
+"""Step infos that travel as columns in shared memory (shmvec._engine.info_columns):
 exactly what SyncVectorEnv's env-by-env vectorization gives (keys, order,
 masks, dtypes), whichever envs have infos, whatever value types they use,
 and whichever infos fall back to the record path."""

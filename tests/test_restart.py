@@ -38,7 +38,7 @@ def restart_in_final_info(infos: dict, i: int) -> bool:
 
 
 def kill_worker(envs, w):
-    os.kill(envs._engine._processes[w].pid, signal.SIGKILL)
+    os.kill(envs._engine.pool.processes[w].pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=mode_id)

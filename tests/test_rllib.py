@@ -39,7 +39,7 @@ def runner_view(runner) -> dict:
     pids, and the pids that stepped each of its envs."""
     envs = runner.env.unwrapped
     return {"pid": os.getpid(), "class": type(envs).__name__,
-            "workers": [p.pid for p in envs._engine._processes],
+            "workers": [p.pid for p in envs._engine.pool.processes],
             "stepped_by": [sorted(pids) for pids in envs.get_attr("stepped_by")]}
 
 

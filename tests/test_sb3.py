@@ -465,7 +465,7 @@ def test_workers_do_not_import_sb3_or_torch(closing):
     venv.step(np.zeros(2, dtype=np.int64))
     assert venv.env_is_wrapped(gym.wrappers.TimeLimit) == [True, True]
     assert venv.get_attr("spec", indices=1)[0].id == "CartPole-v1"
-    (worker,) = venv._engine._processes
+    (worker,) = venv._engine.pool.processes
     with open(f"/proc/{worker.pid}/maps") as f:
         assert "libtorch" not in f.read()
 

@@ -20,7 +20,7 @@ PRELUDE = textwrap.dedent("""
     import gymnasium as gym
     import torch
     import shmvec
-    from shmvec._system import usable_cpus
+    from shmvec._engine.system import usable_cpus
 
     warnings.simplefilter("always")
     caught = []

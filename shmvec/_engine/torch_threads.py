@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from shmvec._system import usable_cpus
+from shmvec._engine.system import usable_cpus
 from shmvec.errors import PerformanceWarning
 
 __all__ = ["TorchThreads", "check_setting"]

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from shmvec.engine import Engine
-from shmvec.layout import action_dtype_code, flattener, is_single_fixed_leaf, unflattener
+from shmvec._engine.engine import Engine
+from shmvec._engine.layout import action_dtype_code, flattener, is_single_fixed_leaf, unflattener
 
 __all__ = ["BatchIO"]
 
@@ -27,6 +27,10 @@ class BatchIO:
         self._action_dtype_views = views["action_views"]
         self._action_codes = views["action_dtypes"]
         self._action_space_codes = engine.layout.action_space_codes
+        # Per leaf, the dtype object of the last batch and its code: a batch
+        # of the same dtype object (the usual case) needs no lookup.
+        self._last_dtype: list = [None] * len(self.action_views)
+        self._last_code: list = [None] * len(self.action_views)
         self.obs_views = views["observations"]
         self.rewards = views["rewards"]
         self.terminations = views["terminations"]
@@ -98,12 +102,15 @@ class BatchIO:
             codes[k] = self._action_space_codes[k]
             view[rows] = array
             return
-        code = action_dtype_code(array.dtype)
-        if code is None:
-            code = self._action_space_codes[k]
-            np.copyto(self._action_dtype_views[k][code], array, casting="unsafe")  # checked above
+        dtype = array.dtype
+        if dtype is self._last_dtype[k]:
+            code = self._last_code[k]
         else:
-            np.copyto(self._action_dtype_views[k][code], array, casting="no")
+            code = action_dtype_code(dtype)
+            if code is None:  # stored in the space's dtype, cast (checked above)
+                code = self._action_space_codes[k]
+            self._last_dtype[k], self._last_code[k] = dtype, code
+        self._action_dtype_views[k][code][...] = array  # the same dtype, or a cast checked above
         codes[k] = code
 
     # -- observations out -----------------------------------------------------

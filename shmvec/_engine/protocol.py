@@ -8,7 +8,7 @@ its area is sent in chunks, so nothing is ever truncated."""
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, NamedTuple
 
 from shmvec import _core
 
@@ -57,3 +57,16 @@ class RemoteError:
             exc = RuntimeError(f"{type(exc).__name__}: {exc}")
         exc.__traceback__ = None
         return cls(exc, tb, row)
+
+
+class StepRecord(NamedTuple):
+    """What an env's step (or reset) sends back beside the arena's arrays,
+    when it has any of it. Slices build them as plain tuples (the native
+    stepper does); the engine names them."""
+
+    row: int
+    info: dict | None  # the step's info (for an ended SAME_STEP episode: the reset's)
+    ended: bool  # a SAME_STEP episode ended (or was cut short by a restart) in this step
+    final_info: dict | None  # the ended episode's last info
+    objects: list | None  # per-env values of observation leaves without a fixed shape
+    final_obs: Any  # the ended episode's last observation, as the env returned it

@@ -18,7 +18,7 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 
-from shmvec._system import PARENT_ONLY_FDS, allowed_cpu_ids, runnable_threads
+from shmvec._engine.system import PARENT_ONLY_FDS, allowed_cpu_ids, runnable_threads
 
 __all__ = ["choose_cpus"]
 

@@ -19,9 +19,9 @@ import gymnasium  # noqa: F401  (preloaded by the fork server with numpy)
 import numpy  # noqa: F401
 
 from shmvec import _core
-from shmvec import protocol as P
-from shmvec._system import close_arena_fds, pin_to_cpu
-from shmvec.env_slice import EnvSlice, make_envs
+from shmvec._engine import protocol as P
+from shmvec._engine.system import close_arena_fds, pin_to_cpu
+from shmvec._engine.env_slice import EnvSlice, make_envs
 
 __all__ = ["FdHandle", "WorkerSpec", "main"]
 

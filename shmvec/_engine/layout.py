@@ -178,7 +178,7 @@ class DataLayout:
         self.terminations = self._add((n,), np.dtype(np.bool_))
         self.truncations = self._add((n,), np.dtype(np.bool_))
         # Step infos that fit a slice's schema, as columns of 8-byte cells
-        # (see shmvec.info_columns), and per env whether its info is there.
+        # (see shmvec._engine.info_columns), and per env whether its info is there.
         self.info_values = self._add((n, INFO_COLUMNS), np.dtype(np.int64))
         self.info_flags = self._add((n,), np.dtype(np.uint8))
         # Async mode's rings and per-env record slots (laid out by the core).

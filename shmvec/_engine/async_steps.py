@@ -1,0 +1,123 @@
+"""Async mode (``batch_size < num_envs``), EnvPool-style: envs are sent to
+their workers one by one and come back in the order they finish, through
+per-worker rings in the arena; a slow env does not stall the others.
+
+With restarts, a worker found dead (checked every CHECK_EVERY_S) or hung
+(envs in flight and none finished for `timeout`) is replaced while the
+other envs keep flowing; the front end sends again the envs it had in
+flight.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from shmvec import _core
+from shmvec._engine import protocol as P
+from shmvec._engine.cycle import ENV_RAISED
+from shmvec._engine.protocol import StepRecord
+from shmvec._engine.transport import raise_remote
+
+if TYPE_CHECKING:
+    from shmvec._engine.engine import Engine
+
+__all__ = ["AsyncSteps", "RECORD_CAPACITY"]
+
+RECORD_CAPACITY = 8 * 1024  # per env, for async records (infos); larger ones are fetched
+
+
+class AsyncSteps:
+    """send/recv over an engine's workers (the caller steps no slice)."""
+
+    CHECK_EVERY_S = 0.02
+
+    def __init__(self, engine: Engine, data: _core.Mapping, offset: int):
+        self._engine = engine
+        self._pool = engine.pool
+        self._channel = engine.pool.channel
+        self._owner = [w for w, rows in enumerate(engine.worker_rows) for _ in rows]
+        self._channel.attach_async(data, offset, engine.num_envs, RECORD_CAPACITY, self._owner)
+        # Restarts: when each worker last finished an env (or had none in flight).
+        self._progress = [(0, time.monotonic())] * engine.num_workers
+        self._next_check = 0.0
+
+    def send(self, rows: list[int]) -> None:
+        """Queues envs (whose actions are in the arena) to their workers."""
+        self._engine.cycle.check_usable()
+        if self._pool.restart:
+            self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
+        self._channel.send(rows)
+
+    def recv(self, count: int) -> list[int]:
+        """Waits for `count` envs to finish; returns their rows in finishing
+        order. With restarts, a worker found dead or hung (now, or every
+        CHECK_EVERY_S while other envs keep coming) is replaced instead:
+        then it returns [] and the engine's `restarted_rows` says which envs
+        are new (the front end sends again those it had in flight)."""
+        engine, pool = self._engine, self._pool
+        engine.cycle.check_usable()
+        engine.restarted_rows = []
+        if pool.restart and time.monotonic() >= self._next_check and self._restart():
+            return []
+        code, rows = self._channel.recv(count, pool.sentinels, pool.timeout)
+        if code != 0 and pool.restart and self._restart():
+            return []
+        pool.check_wait(code)
+        return rows
+
+    def _restart(self) -> bool:
+        """Replaces workers that died, or that have had envs in flight and
+        finished none for `timeout` seconds; whether it did."""
+        pool = self._pool
+        now = time.monotonic()
+        self._next_check = now + self.CHECK_EVERY_S
+        dead = self._channel.first_dead(pool.sentinels) - 1
+        if dead >= 0:
+            pool.failed.append((dead, pool.exit_cause(dead)))
+        pool.failed += [(w, f"hung for more than timeout={pool.timeout} s")
+                        for w in self._progress_hung(now) if w != dead]
+        for w, _ in pool.failed:
+            pool.kill(w)
+            self._progress[w] = (0, now)  # its rings start again from 0
+        if not pool.failed:
+            return False
+        self._engine.restart_failed()
+        return True
+
+    def _progress_hung(self, now: float) -> list[int]:
+        """Notes when each worker last finished an env (or had none in
+        flight); returns those with envs in flight and none finished for
+        `timeout` seconds."""
+        hung, timeout = [], self._pool.timeout
+        for w, (done, left) in enumerate(self._channel.async_progress()):
+            if done != self._progress[w][0] or not left:
+                self._progress[w] = (done, now)
+            elif timeout >= 0 and now - self._progress[w][1] >= timeout:
+                hung.append(w)
+        return hung
+
+    def wait_finished(self, count: int, timeout: float) -> bool:
+        """Waits up to `timeout` seconds for `count` envs to finish, popping
+        nothing; True when they did or a worker died (recv() then handles
+        it). Only reads shared memory: another thread may send() meanwhile."""
+        self._engine.cycle.check_usable()
+        return self._channel.wait_finished(count, self._pool.sentinels, timeout) != -1
+
+    def record(self, row: int) -> StepRecord | None:
+        """The record of an env's last async step (None if it has none);
+        raises the env's exception if the step failed (its batch is then
+        half done: the cycle needs a reset)."""
+        length, is_error, overflow = self._channel.record(row)
+        if not length:
+            return None
+        if overflow:
+            owner = self._owner[row]
+            data = P.loads(self._engine.transport.request(P.FETCH_RECORD, [P.dumps(row)], [owner])[0])
+        else:
+            data = self._channel.record_bytes(row)
+        record = P.loads(data)
+        if is_error:
+            self._engine.cycle.half_done(ENV_RAISED)
+            raise_remote(record)
+        return StepRecord._make(record)

@@ -1,0 +1,264 @@
+"""Running commands: the caller's side of one command (begin, then finish)
+and the operations the front ends use (step, reset, call, set_attr).
+
+``begin()`` moves the cycle to the command's WAITING phase and posts the
+workers' part (they start at once); ``finish()`` steps the caller's own
+slice, waits for the workers, reads their replies (replacing failed workers
+and making good their part of a step or reset) and moves the cycle on. A
+timeout or Ctrl-C in the wait leaves the command in flight: ``finish()`` may
+be called again and no result is lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from shmvec._engine import protocol as P
+from shmvec._engine.cycle import ENV_RAISED, INTERRUPTED, Phase
+from shmvec._engine.env_slice import EnvSlice
+from shmvec._engine.pool import still_pending
+from shmvec._engine.protocol import StepRecord
+from shmvec.errors import ShmVecError, ShmVecTimeoutError
+
+__all__ = ["CommandRunner"]
+
+# The phase of the cycle while each kind of command is in flight.
+_PHASE_OF = {P.STEP: Phase.WAITING_STEP, P.RESET: Phase.WAITING_RESET, P.CALL: Phase.WAITING_CALL,
+             P.SET_ATTR: Phase.WAITING_CALL}
+
+
+class _Command:
+    """A command begun and not yet finished; the caller's slice result is
+    kept so that an interrupted wait can be resumed. (A plain class with
+    slots: one is made per step.)"""
+
+    __slots__ = ("code", "caller_fn", "plain_step", "collect", "caller_done", "caller_result", "caller_error")
+
+    def __init__(self, code: int, caller_fn: Callable[[EnvSlice], Any], plain_step: bool,
+                 collect: Callable[[Any, list[bytes]], Any] | None):
+        self.code = code
+        self.caller_fn = caller_fn
+        self.plain_step = plain_step
+        self.collect = collect  # (caller's result, replies) -> the result
+        self.caller_done = False
+        self.caller_result: Any = None
+        self.caller_error: BaseException | None = None
+
+
+class CommandRunner:
+    """The commands of ``Engine`` (its base class), over its cycle, pool,
+    transport, channel and caller slice."""
+
+    def _wait_out_unread(self) -> None:
+        """Waits out a command whose results nobody will read (the workers'
+        part of a batch whose caller slice was interrupted): its replies are
+        dropped."""
+        self.pool.wait()
+
+    def begin(self, code: int, caller_fn: Callable[[EnvSlice], Any], requests: list[bytes] | None = None,
+              collect: Callable[[Any, list[bytes]], Any] | None = None) -> None:
+        """Starts one command: the workers' part is posted (they start at
+        once); the caller's own slice runs in finish(), so that begin()
+        returns at once, as AsyncVectorEnv's *_async calls do."""
+        self.cycle.begin(_PHASE_OF[code])
+        try:
+            if self.num_workers and self._channel.busy:
+                self._wait_out_unread()
+            self.restarted_rows = []
+            plain_step = code == P.STEP and requests is None
+            if self.num_workers:
+                if plain_step:
+                    self._channel.post_step_all()
+                else:
+                    self.transport.post(code, requests)
+        except BaseException:
+            self.cycle.finish()
+            raise
+        self._command = _Command(code, caller_fn, plain_step, collect)
+
+    def finish(self, timeout: float | None = None):
+        """Runs the caller's slice, then waits for the workers; returns the
+        command's result. Env errors are raised only once every slice is
+        done, so nothing is left in flight.
+
+        If `timeout` seconds pass first (``ShmVecTimeoutError``) or the wait is
+        interrupted (``KeyboardInterrupt``), the command stays in flight and
+        finish() may be called again: no result is lost. Anything else ends
+        the command, and the cycle moves on (see shmvec._engine.cycle): an env
+        error in a step or reset, or the caller's own slice interrupted, leaves
+        the batch half done."""
+        command = self._command
+        if command is None:  # (one in flight means the cycle is waiting for it: not broken, not closed)
+            raise RuntimeError("no shmvec command is in flight")
+        try:
+            result = self._complete(command, timeout)
+        except BaseException as exc:
+            if self._command is not None:
+                raise  # a timeout or an interrupted wait: still in flight
+            if self.cycle.phase is not Phase.BROKEN:
+                if isinstance(exc, KeyboardInterrupt):  # the caller's own slice stopped mid-batch
+                    self.cycle.half_done(INTERRUPTED)
+                elif isinstance(exc, Exception) and not isinstance(exc, ShmVecError) and command.code in (
+                        P.STEP, P.RESET):
+                    self.cycle.half_done(ENV_RAISED)  # some envs stepped, others did not
+                else:
+                    self.cycle.finish()
+            raise
+        self.cycle.finish()
+        return result
+
+    def _complete(self, command: _Command, timeout: float | None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not command.caller_done:
+            command.caller_done = True
+            if self._caller is not None:
+                try:
+                    command.caller_result = command.caller_fn(self._caller)
+                except Exception as exc:
+                    command.caller_error = exc
+                except BaseException:  # KeyboardInterrupt: workers finish; the next command waits them out
+                    self._command = None
+                    raise
+        if deadline is not None and time.monotonic() > deadline:
+            # The caller's own slice took the whole time: the call did not
+            # complete within `timeout`, though its results are not lost.
+            raise still_pending(timeout)
+        replies: list[bytes] = []
+        if self.num_workers:
+            try:
+                self.pool.wait(restart=True, call_timeout=timeout, call_deadline=deadline)
+            except (ShmVecTimeoutError, KeyboardInterrupt) as exc:
+                if self.cycle.phase is not Phase.BROKEN:
+                    raise  # still in flight: finish() may be called again
+                self._command = None
+                raise command.caller_error or exc
+            except Exception:
+                self._command = None
+                if command.caller_error is not None:
+                    raise command.caller_error from None
+                raise
+            self._command = None
+            try:
+                replies = self._worker_replies(command)
+            except Exception:
+                if command.caller_error is None:
+                    raise
+        self._command = None
+        if command.caller_error is not None:
+            raise command.caller_error  # the caller's envs come first by index
+        if command.collect is None:
+            return None
+        return command.collect(command.caller_result, replies)
+
+    def _worker_replies(self, command: _Command) -> list[bytes]:
+        """The workers' replies to a finished command; failed workers are
+        replaced, and a step or reset is made good for their envs."""
+        # On the step path only workers with infos or episode ends reply.
+        if not self.pool.failed:
+            return self.transport.replies(self._channel.workers_with_replies() if command.plain_step
+                                          else range(self.num_workers))
+        failed = sorted({w for w, _ in self.pool.failed})
+        workers = self._channel.workers_with_replies() if command.plain_step else range(self.num_workers)
+        replies = self.transport.replies([w for w in workers if w not in failed])
+        if failed:
+            self.restart_failed()
+            if command.code == P.STEP:  # their next step is their restart report: take it now
+                replies += self.transport.request(P.STEP, None, failed)
+            elif command.code == P.RESET:  # reset them, as asked (without seeds)
+                reset = [cloudpickle.dumps(([None] * len(self.worker_rows[w]), None, None)) for w in failed]
+                replies += self.transport.request(P.RESET, reset, failed)
+            else:  # their results are lost, not replaced
+                raise ShmVecError(f"shmvec workers {failed} failed during this call and were "
+                                  "restarted (their next step reports it); call again")
+        return replies
+
+    # -- the operations front ends use ------------------------------------
+    # Each is begin_X(...) then finish(timeout), or X(...) for both at once;
+    # finish() returns what X returns.
+
+    def begin_step(self, object_actions: list | None = None) -> None:
+        """Steps every env with the actions already written to the arena
+        (`object_actions`: per-env values of action leaves without a fixed
+        shape). Its result: the StepRecords, in env order, of envs with infos
+        that are not in columns, ended SAME_STEP episodes or observation
+        leaves without a fixed shape."""
+        if object_actions is None:
+            self.begin(P.STEP, EnvSlice.step, collect=self._step_records)
+        else:
+            requests = [P.dumps([object_actions[i] for i in rows]) for rows in self.worker_rows]
+            self.begin(P.STEP, lambda s: s.step([object_actions[i] for i in s.rows]), requests,
+                       collect=self._step_records)
+
+    def step(self, object_actions: list | None = None) -> list[StepRecord]:
+        self.begin_step(object_actions)
+        return self.finish()
+
+    def _step_records(self, caller_records, replies: list[bytes]) -> list[StepRecord]:
+        if not caller_records and not replies:
+            return []
+        records = self._records(caller_records, replies)
+        if self.restarted_rows:  # their restart reports came last
+            records.sort(key=lambda record: record.row)
+        return records
+
+    @staticmethod
+    def _records(caller_records, replies: list[bytes]) -> list[StepRecord]:
+        records = list(map(StepRecord._make, caller_records)) if caller_records else []
+        for data in replies:
+            if data:
+                part = P.loads(data)
+                if part:
+                    records.extend(map(StepRecord._make, part))
+        return records
+
+    def begin_reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> None:
+        """Resets the envs (those in `mask`); its result: records like a step's."""
+        def part(rows):
+            return (
+                [seeds[i] for i in rows],
+                options,
+                None if mask is None else mask[rows.start:rows.stop].copy(),
+            )
+
+        requests = [cloudpickle.dumps(part(rows)) for rows in self.worker_rows]
+        self.begin(P.RESET, lambda s: s.reset(*part(s.rows)), requests, collect=self._records)
+
+    def reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> list[StepRecord]:
+        self.begin_reset(seeds, options, mask)
+        return self.finish()
+
+    def begin_call(self, name: str, args: tuple = (), kwargs: dict | None = None,
+                   rows: Sequence[int] | None = None) -> None:
+        """Calls (or reads) `name` on the envs in `rows` (all by default); its
+        result: the values in the order of `rows`."""
+        kwargs = kwargs or {}
+        rowset = None if rows is None else sorted(set(int(r) for r in rows))
+        request = cloudpickle.dumps((name, args, kwargs, rowset))
+
+        def collect(caller_result, replies):
+            results = list(caller_result or [])
+            for data in replies:
+                results.extend(P.loads(data))
+            if rows is not None:  # back to the order (and repeats) the caller asked for
+                by_row = dict(zip(rowset, results))
+                return [by_row[int(r)] for r in rows]
+            return results
+
+        self.begin(P.CALL, lambda s: s.call(name, args, kwargs, rowset), [request] * self.num_workers,
+                   collect=collect)
+
+    def call(self, name: str, args: tuple = (), kwargs: dict | None = None,
+             rows: Sequence[int] | None = None) -> list:
+        self.begin_call(name, args, kwargs, rows)
+        return self.finish()
+
+    def set_attr(self, name: str, values: Sequence[Any]) -> None:
+        requests = [cloudpickle.dumps((name, [values[i] for i in rows])) for rows in self.worker_rows]
+        caller_rows = self._caller.rows if self._caller is not None else range(0)
+        self.begin(P.SET_ATTR, lambda s: s.set_attr(name, [values[i] for i in caller_rows]), requests)
+        self.finish()

@@ -1,0 +1,255 @@
+"""The engine under every front end: it builds the arena, starts the worker
+pool and the caller's own slice, and runs the commands that drive them.
+
+Its parts, each a module: ``plan`` (how many workers, which envs each
+steps), ``pool`` (the processes, their liveness and restarts), ``transport``
+(requests and replies), ``cycle`` (the state machine of the calls) and, in
+async mode, ``async_steps`` (send/recv). A command is begun, then finished:
+``begin_X(...)`` posts the workers' part and returns at once; ``finish()``
+steps the caller's slice, waits for the workers and returns the result.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cloudpickle
+
+from shmvec import _core
+from shmvec._engine import protocol as P
+from shmvec._engine.async_steps import RECORD_CAPACITY, AsyncSteps
+from shmvec._engine.commands import CommandRunner, _Command
+from shmvec._engine.cycle import CommandCycle, Phase
+from shmvec._engine.env_slice import EnvSlice, make_envs
+from shmvec._engine.info_columns import InfoColumns
+from shmvec._engine.layout import DataLayout
+from shmvec._engine.plan import check_observation_spaces, check_options, plan_slices, split_slices
+from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool
+from shmvec._engine.system import IS_LINUX
+from shmvec._engine.torch_threads import TorchThreads
+from shmvec._engine.torch_threads import check_setting as check_torch_threads
+from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY, Transport
+from shmvec.errors import ShmVecError, WorkerDiedError
+
+__all__ = ["Engine", "CLOSE_GRACE_S"]
+
+
+class Engine(CommandRunner):
+    """Steps `env_fns` in `num_workers` processes (and, with `caller_steps`,
+    one slice in the calling process), all through one shared arena. Its
+    commands (``CommandRunner``, its base) run through `cycle`, the front
+    end's ``CommandCycle``."""
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        *,
+        cycle: CommandCycle | None = None,
+        num_workers: int | None = None,
+        caller_steps: bool | None = None,
+        pin_workers: bool | str | Sequence[int] = "auto",
+        start_method: str | None = None,
+        autoreset_code: int = 0,
+        timeout: float | None = None,
+        async_mode: bool = False,
+        restart_failed_workers: bool = False,
+        max_restarts: int = 10,
+        observation_mode: Any = "same",
+        torch_threads: str | int | None = "auto",
+    ):
+        if not IS_LINUX:
+            raise OSError(
+                "shmvec runs on Linux only (it needs memfd and futex); "
+                "use gymnasium.vector.SyncVectorEnv or AsyncVectorEnv on this platform"
+            )
+        env_fns, timeout_s, start_method = check_options(
+            env_fns, num_workers, caller_steps, async_mode, timeout, start_method, pin_workers, max_restarts)
+        check_torch_threads(torch_threads)
+        self.cycle = cycle or CommandCycle(lambda: ShmVecError("this shmvec engine is closed"))
+        self.num_envs = len(env_fns)
+        self.async_mode = async_mode
+        num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode)
+        self.num_workers = num_workers
+        # Released by close(), or when the engine is collected unclosed.
+        self._torch_threads = weakref.finalize(self, TorchThreads(torch_threads, num_workers).release)
+        slices = split_slices(self.num_envs, num_workers + (1 if caller_steps else 0), caller_first=caller_steps)
+        caller_rows = slices.pop(0) if caller_steps else None
+        self.worker_rows = slices
+        self.pool = WorkerPool(self.cycle, slices, start_method, timeout_s, bool(restart_failed_workers),
+                               int(max_restarts))
+        self.restarted_rows: list[int] = []  # envs restarted by the last command (or recv)
+        self._command: _Command | None = None  # begun, results not yet collected
+        self._caller: EnvSlice | None = None
+        self.transport: Transport | None = None
+        self.async_steps: AsyncSteps | None = None  # send/recv, in async mode
+        try:
+            self._start(env_fns, pin_workers, leave_free=1 if caller_steps or async_mode else 0)
+            if caller_rows is not None:
+                factories = [env_fns[i] for i in caller_rows]
+                self._caller = EnvSlice(make_envs(factories, caller_rows.start), caller_rows.start)
+            self._describe_and_attach(autoreset_code, observation_mode)
+        except BaseException:
+            try:
+                self.close(terminate=True)
+            except Exception:  # the first error is the one to report
+                pass
+            raise
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a wait for workers may take (< 0: no limit)."""
+        return self.pool.timeout
+
+    @property
+    def restarts(self) -> int:
+        return self.pool.restarts
+
+    @property
+    def restart_failed_workers(self) -> bool:
+        return self.pool.restart
+
+    @property
+    def closed(self) -> bool:
+        return self.cycle.phase is Phase.CLOSED
+
+    @property
+    def in_flight(self) -> bool:
+        """A command was begun and its results are still to be collected."""
+        return self._command is not None
+
+    # -- set-up -------------------------------------------------------------
+
+    def _start(self, env_fns, pin_workers, leave_free: int) -> None:
+        w = self.num_workers
+        self._fixed_size = fixed = _core.fixed_region_size(w, REQUEST_CAPACITY, REPLY_CAPACITY)
+        self.pool.fds[1] = _core.create_shared_file(fixed)
+        self._boot = _core.Mapping(self.pool.fds[1], fixed)
+        self._channel = _core.FrontChannel(self._boot, w, REQUEST_CAPACITY, REPLY_CAPACITY, True)
+        self.transport = Transport(self._channel, self._boot, w, self.pool.wait)
+        factories = [cloudpickle.dumps([env_fns[i] for i in rows]) for rows in self.worker_rows]
+        self.pool.start(self._channel, fixed, factories, pin_workers, leave_free)
+        if w:
+            self._channel.post(list(range(w)), P.DESCRIBE)
+
+    def _describe_and_attach(self, autoreset_code: int, observation_mode: Any) -> None:
+        descriptions = [self._caller.describe()] if self._caller is not None else []
+        if self.num_workers:
+            descriptions += [P.loads(r) for r in self.transport.collect(range(self.num_workers))]
+        observation_spaces = [space for d in descriptions for space in d["observation_spaces"]]
+        action_spaces = [space for d in descriptions for space in d["action_spaces"]]
+        obs_space = check_observation_spaces(observation_spaces, observation_mode)
+        for row, space in enumerate(action_spaces):
+            if space != action_spaces[0]:
+                raise RuntimeError(
+                    f"Some environments have an action space different from `{action_spaces[0]}` "
+                    f"(env {row}: `{space}`). In order to batch actions, the action spaces from all "
+                    "environments must be equal."
+                )
+        act_space = action_spaces[0]
+        self.description = {
+            "observation_space": obs_space,
+            "observation_spaces": observation_spaces,
+            "action_space": act_space,
+            "metadata": descriptions[0]["metadata"],
+            "render_mode": descriptions[0]["render_mode"],
+        }
+        async_size = _core.async_region_size(self.num_envs, self.num_workers, RECORD_CAPACITY) if self.async_mode else 0
+        self.layout = DataLayout(obs_space, act_space, self.num_envs, self._fixed_size, async_size, RECORD_CAPACITY)
+        total = self._fixed_size + self.layout.size
+        _core.resize_shared_file(self.pool.fds[1], total)
+        self._data = _core.Mapping(self.pool.fds[1], total)
+        self.views = self.layout.views(self._data)
+        engine = weakref.ref(self)  # no cycle: an engine dropped unclosed is collected at once
+        self.info_columns = None if self.async_mode else InfoColumns(
+            self.views["info_values"], self.views["info_flags"], self._slice_rows(),
+            lambda k: engine()._info_schema(k))
+        self.views["action_dtypes"][:] = self.layout.action_space_codes  # until the first batch
+        if self._caller is not None:
+            self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
+        if self.async_mode:
+            self.async_steps = AsyncSteps(self, self._data, self.layout.async_offset)
+        if self.num_workers:
+            self._attach_request = P.dumps((self.layout, obs_space, act_space, autoreset_code))
+            self.transport.request(P.ATTACH, [self._attach_request] * self.num_workers)
+
+    def _slice_rows(self) -> list[range]:
+        """The rows of every slice: the caller's first, then each worker's."""
+        return ([self._caller.rows] if self._caller is not None else []) + list(self.worker_rows)
+
+    def _info_schema(self, k: int):
+        """Slice k's info-column schema (see shmvec._engine.info_columns)."""
+        if self._caller is not None:
+            if k == 0:
+                return self._caller.stepper.info_schema
+            k -= 1
+        return P.loads(self.transport.request(P.INFO_SCHEMA, None, [k])[0])
+
+    # -- restarts -------------------------------------------------------------
+
+    def restart_failed(self) -> None:
+        """Replaces the pool's failed workers with fresh ones that rebuild
+        their envs from the same factories. The envs are marked restarted:
+        each one's next step, whatever its action, reports its episode cut
+        short as its autoreset mode reports a truncation
+        (Stepper.mark_restarted). Their rows go to `restarted_rows`."""
+        failed, self.pool.failed = self.pool.failed, []
+        for w, cause in failed:
+            if self.async_mode:  # what it had in flight is lost: the front end sends it again
+                self._channel.reset_async_worker(w)
+            self._channel.post([w], P.DESCRIBE)  # before it starts: the first command it sees
+            self.pool.replace(w, cause)
+            self.transport.collect([w])
+            self.transport.request(P.ATTACH, [self._attach_request], [w])
+            self.transport.request(P.MARK_RESTARTED, None, [w])
+            if self.info_columns is not None:
+                self.info_columns.forget(w + (1 if self._caller is not None else 0))
+            self.restarted_rows += list(self.worker_rows[w])
+
+    def mark_restarted(self) -> None:
+        """Marks every env restarted (a Ray actor that was rebuilt)."""
+        if self._caller is not None:
+            self._caller.mark_restarted()
+        if self.num_workers:
+            self.transport.request(P.MARK_RESTARTED)
+
+    # -- shutdown -------------------------------------------------------------
+
+    def close(self, terminate: bool = False) -> None:
+        """Closes envs and workers; with `terminate` (or when a worker is dead
+        or hung) kills workers at once. Idempotent and bounded in time.
+        Afterwards no worker, fd or mapping of ours remains."""
+        if self.closed:
+            return
+        was = self.cycle.close()
+        self._command = None  # its results are not wanted any more: waited out below
+        errors: list[BaseException] = []
+        graceful = bool(self.pool.processes) and not terminate and was is not Phase.BROKEN
+        if graceful:
+            # Bounded even if an env hangs and no timeout was set.
+            self.pool.timeout = CLOSE_GRACE_S if self.pool.timeout < 0 else min(self.pool.timeout, CLOSE_GRACE_S)
+            try:
+                if self._channel.busy:
+                    self._wait_out_unread()
+                self.transport.request(P.CLOSE)
+            except BaseException as exc:  # a broken worker must not stop the shutdown
+                errors.append(exc)
+                graceful = False
+        if self._caller is not None:
+            try:
+                self._caller.close()
+            except Exception as exc:
+                errors.append(exc)
+            self._caller = None
+        self._torch_threads()
+        self.pool.shutdown(CLOSE_GRACE_S if graceful else 0.0)
+        # Drop our views so the mappings go away (user-held copy=False views
+        # keep theirs alive, as any numpy view keeps its buffer).
+        self.views = self.info_columns = self.async_steps = None
+        if self.transport is not None:
+            self.transport.close()
+        self._data = self._boot = self._channel = self.pool.channel = None
+        for exc in errors:
+            if not isinstance(exc, (WorkerDiedError, TimeoutError, ShmVecError)):
+                raise exc

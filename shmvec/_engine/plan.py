@@ -1,0 +1,146 @@
+"""How the envs are laid out before anything starts: how many workers, which
+contiguous slice of envs each steps (and the caller's own), and checks of the
+options and spaces that decide the arena's layout."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shmvec._engine.system import allowed_cpu_ids, usable_cpus
+
+__all__ = ["default_num_workers", "plan_slices", "split_slices", "check_pin_workers", "check_observation_spaces"]
+
+
+def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False) -> int:
+    """One stepping process per usable CPU, the caller counting as one: it
+    steps a slice itself, or in async mode it runs the user's policy while
+    the workers step (CartPole x64, a torch MLP, 2 CPUs: one worker beside
+    the caller made 95k steps/s, two 73k, medians of 4 fresh processes)."""
+    slots = usable_cpus() - (1 if caller_steps or async_mode else 0)
+    cap = num_envs - (1 if caller_steps else 0)
+    return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
+
+
+def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None,
+                async_mode: bool) -> tuple[int, bool]:
+    """(num_workers, caller_steps) for `num_envs` envs.
+
+    Left to shmvec (``None``): one stepping process per CPU, the caller
+    counting as one: it steps a slice (it would idle otherwise), except in
+    async mode, where send() must return at once and the caller's CPU runs
+    the user's policy. With an explicit `num_workers`, every worker
+    gets at least one env, and the caller steps a slice of its own only if
+    envs are left after that (unless told otherwise)."""
+    if num_workers is not None and num_workers > num_envs:
+        raise ValueError(f"num_workers={num_workers} is more than the {num_envs} envs: "
+                         "each worker needs at least one env")
+    if caller_steps is None:
+        caller_steps = not async_mode and (num_workers is None or num_workers < num_envs)
+    if num_workers is None:
+        num_workers = default_num_workers(num_envs, caller_steps, async_mode)
+    if caller_steps and num_workers >= num_envs:
+        raise ValueError(f"caller_steps=True needs an env for the caller besides one per worker: "
+                         f"{num_envs} envs for num_workers={num_workers}")
+    if num_workers == 0 and not caller_steps:
+        raise ValueError("num_workers=0 needs caller_steps=True (someone has to step the envs)")
+    return int(num_workers), bool(caller_steps)
+
+
+# The caller's slice, as a fraction of an even share: besides its envs the
+# caller runs the front end and the user's own loop (the policy), and a
+# worker that finishes first only waits (on HalfCheetah x16, 2 CPUs, 7 and 9
+# envs stepped faster than 8 and 8 in interleaved passes).
+CALLER_SHARE = 7 / 8
+
+
+def split_slices(num_envs: int, num_slices: int, caller_first: bool = False) -> list[range]:
+    """Contiguous slices whose sizes differ by at most one, the larger ones
+    last. With `caller_first`, the first slice is the caller's, a little
+    smaller than an even share (CALLER_SHARE)."""
+    if caller_first and num_slices > 1:
+        size = min(max(1, round(num_envs / num_slices * CALLER_SHARE)), num_envs - (num_slices - 1))
+        rest = split_slices(num_envs - size, num_slices - 1)
+        return [range(0, size)] + [range(size + r.start, size + r.stop) for r in rest]
+    base, extra = divmod(num_envs, num_slices)
+    out, start = [], 0
+    for k in range(num_slices):
+        size = base + (1 if k >= num_slices - extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def check_pin_workers(pin: Any) -> None:
+    if isinstance(pin, bool) or pin == "auto":
+        return
+    if not isinstance(pin, Sequence) or isinstance(pin, str):
+        raise TypeError(f"pin_workers must be \"auto\", False, True or a list of CPU ids, got {pin!r}")
+    allowed = set(allowed_cpu_ids())
+    for cpu in pin:
+        if isinstance(cpu, bool) or not isinstance(cpu, (int, np.integer)):
+            raise TypeError(f"pin_workers must list CPU ids (ints), got {cpu!r}")
+        if cpu not in allowed:
+            raise ValueError(f"pin_workers lists CPU {cpu}, but this process may only run on CPUs {sorted(allowed)}")
+
+
+def check_observation_spaces(spaces: list, observation_mode: Any) -> Any:
+    """The single observation space the arena is laid out for, after
+    checking the envs' spaces as SyncVectorEnv does for `observation_mode`
+    ("same", "different", or a (batched, single) pair of spaces)."""
+    if observation_mode == "same":
+        single = spaces[0]
+        for row, space in enumerate(spaces):
+            if space != single:
+                raise RuntimeError(
+                    "ShmVecEnv(..., observation_mode='same') however the sub-environments observation spaces "
+                    f"are not equivalent. single_observation_space={single}, sub-environment {row} "
+                    f"observation_space={space}. If this is intentional, use `observation_mode='different'` instead."
+                )
+        return single
+    # Gymnasium 1.x only, as observation_mode (the front end refuses it on 0.29)
+    from gymnasium.spaces.utils import is_space_dtype_shape_equiv
+
+    single = spaces[0] if observation_mode == "different" else observation_mode[1]
+    for row, space in enumerate(spaces):
+        if not is_space_dtype_shape_equiv(space, single):
+            raise RuntimeError(
+                "ShmVecEnv(..., observation_mode='different' or custom space) however the sub-environments "
+                f"observation spaces do not share a common shape and dtype, single_observation_space={single}, "
+                f"sub-environment {row} observation space={space}"
+            )
+    return single
+
+
+def check_options(env_fns: Sequence, num_workers: Any, caller_steps: Any, async_mode: bool, timeout: Any,
+                  start_method: str | None, pin_workers: Any, max_restarts: Any) -> tuple[list, float, str]:
+    """Checks the engine's options; returns (env_fns as a list, the timeout in
+    seconds, < 0 for none, the start method)."""
+    from shmvec._engine.pool import START_METHODS
+
+    env_fns = list(env_fns)
+    if not env_fns:
+        raise ValueError("env_fns is empty: pass at least one env factory")
+    if not all(callable(fn) for fn in env_fns):
+        raise TypeError("env_fns must be callables that each return a gymnasium.Env")
+    if num_workers is not None and (not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool)):
+        raise TypeError(f"num_workers must be an int or None, got {num_workers!r}")
+    if num_workers is not None and num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
+            raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    start_method = start_method or "forkserver"
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+    check_pin_workers(pin_workers)
+    if async_mode and caller_steps:
+        raise ValueError("in async mode the caller cannot step envs itself: use caller_steps=False")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, (int, np.integer)) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    seconds = -1.0 if timeout is None or timeout == float("inf") else float(timeout)
+    return env_fns, seconds, start_method

@@ -1,0 +1,203 @@
+"""The worker processes: starting them (pinned to CPUs when asked), telling
+a dead or hung one while waiting for them, the restart budget, and a shutdown
+that is bounded in time and leaves no process, fd or CPU reservation behind.
+
+What a fresh worker is told (describe, attach, its envs marked restarted) is
+the engine's business (``Engine._restart_failed``); this module only owns
+the processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import weakref
+from collections.abc import Sequence
+
+from shmvec import _core
+from shmvec._engine.cpus import choose_cpus
+from shmvec._engine.cycle import CommandCycle
+from shmvec._engine.system import PARENT_ONLY_FDS
+from shmvec._engine.worker import FdHandle, WorkerSpec
+from shmvec._engine.worker import main as worker_main
+from shmvec.errors import ShmVecTimeoutError, WorkerDiedError, describe_exit
+
+__all__ = ["WorkerPool", "START_METHODS", "CLOSE_GRACE_S", "still_pending"]
+
+START_METHODS = ("fork", "forkserver", "spawn")
+CLOSE_GRACE_S = 5.0
+
+
+def still_pending(timeout: float) -> ShmVecTimeoutError:
+    return ShmVecTimeoutError(f"The call timed out after {timeout} second(s); it is still pending: "
+                              "wait for it again (its results are kept), or close() the vector env")
+
+
+class WorkerPool:
+    """The processes of `worker_rows` (one slice of envs each).
+
+    `timeout` (seconds, < 0 for none) counts a worker as hung; with
+    `restart`, a failed worker is given up on (and replaced by the engine,
+    up to `max_restarts` in all) instead of breaking the cycle."""
+
+    def __init__(self, cycle: CommandCycle, worker_rows: Sequence[range], start_method: str,
+                 timeout: float, restart: bool, max_restarts: int):
+        self.cycle = cycle
+        self.channel: _core.FrontChannel | None = None
+        self.worker_rows = list(worker_rows)
+        self.num_workers = len(self.worker_rows)
+        self.start_method = start_method
+        self.timeout = timeout
+        self.restart = restart
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        # Workers that died or hung during the current command, with why.
+        self.failed: list[tuple[int, str]] = []
+        self.processes: list[mp.process.BaseProcess] = []
+        self.sentinels: list[int] = []
+        self.cpus: list[int | None] = []
+        # fds to close at shutdown: [parent pipe's write end, arena memfd,
+        # parent pipe's read end, CPU locks...]; the read end stays open to
+        # start workers later.
+        self.fds = [-1, -1, -1]
+        # If the pool is garbage-collected unclosed, workers still go away.
+        self._finalizer = weakref.finalize(self, shutdown, self.processes, self.cpus, self.fds, 1.0)
+
+    # -- start ------------------------------------------------------------------
+
+    def start(self, channel: _core.FrontChannel, fixed_size: int, factories: list[bytes], pin_workers,
+              leave_free: int) -> None:
+        """Starts every worker over the arena (its memfd is ``fds[1]``); each
+        then waits for its first command."""
+        self.channel = channel
+        self._fixed_size = fixed_size
+        self._factories = factories
+        if not self.num_workers:
+            return
+        # The parent-alive pipe: workers get the read end; only we hold the
+        # write end. We keep the read end too, for workers started later.
+        self.fds[2], self.fds[0] = os.pipe()
+        PARENT_ONLY_FDS.add(self.fds[0])
+        cpus, locks = choose_cpus(self.num_workers, pin_workers, leave_free=leave_free)
+        self.cpus[:] = cpus
+        self.fds += locks  # closed at shutdown, which frees the CPUs
+        PARENT_ONLY_FDS.update(locks)
+        self.processes += [self.spawn(k) for k in range(self.num_workers)]
+        self.sentinels[:] = [p.sentinel for p in self.processes]
+
+    def spawn(self, k: int) -> mp.process.BaseProcess:
+        """Starts the process of worker `k`."""
+        from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY
+
+        ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            # Workers start in milliseconds when the server has these loaded.
+            ctx.set_forkserver_preload(["shmvec._engine.worker"])
+        spec = WorkerSpec(
+            index=k, num_workers=self.num_workers, first_row=self.worker_rows[k].start,
+            factories=self._factories[k], arena=FdHandle(self.fds[1]), fixed_size=self._fixed_size,
+            request_capacity=REQUEST_CAPACITY, reply_capacity=REPLY_CAPACITY,
+            parent_alive=FdHandle(self.fds[2]),
+            start_method=self.start_method, cpu=self.cpus[k],
+        )
+        p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=True)
+        p.start()
+        return p
+
+    # -- liveness -----------------------------------------------------------------
+
+    def wait(self, restart: bool = False, call_timeout: float | None = None,
+             call_deadline: float | None = None) -> None:
+        """Waits for the posted workers. A call's deadline that comes before
+        the pool's timeout raises ShmVecTimeoutError and leaves the command
+        in flight; the pool's own timeout counts a worker as hung. With
+        `restart` (and restarts on), failed workers are given up on (their
+        part of the command is abandoned) and listed in `failed`."""
+        limit, by_call = self.timeout, False
+        if call_deadline is not None:
+            left = max(call_deadline - time.monotonic(), 0.0)
+            if limit < 0 or left < limit:
+                limit, by_call = left, True
+        code = self.channel.wait(self.sentinels, limit)
+        while code != 0 and not (code < 0 and by_call) and restart and self.restart:
+            if code > 0:
+                failed = [(code - 1, self.exit_cause(code - 1))]
+            else:
+                failed = [(w, f"hung for more than timeout={self.timeout} s") for w in self.channel.busy_workers()]
+            for w, cause in failed:
+                self.channel.abandon(w)
+                self.kill(w)
+                self.failed.append((w, cause))
+            code = self.channel.wait(self.sentinels, limit)
+        if code < 0 and by_call:
+            raise still_pending(call_timeout)
+        self.check_wait(code)
+
+    def check_wait(self, code: int) -> None:
+        """Turns a failed wait into TimeoutError or WorkerDiedError (and a
+        broken cycle)."""
+        if code == 0:
+            return
+        if code < 0:
+            self.cycle.break_(
+                f"a shmvec command timed out after {self.timeout} s; the vector env can only be closed")
+            raise ShmVecTimeoutError(
+                f"shmvec workers did not answer within timeout={self.timeout} s "
+                "(an env may hang); close() the vector env"
+            )
+        worker = code - 1
+        p = self.processes[worker]
+        p.join(timeout=1.0)
+        error = WorkerDiedError(worker, self.worker_rows[worker], p.exitcode)
+        self.cycle.break_(str(error))
+        raise error
+
+    def exit_cause(self, w: int) -> str:
+        p = self.processes[w]
+        p.join(timeout=1.0)
+        return f"died, {describe_exit(p.exitcode)}"
+
+    def kill(self, w: int) -> None:
+        self.processes[w].kill()
+        self.processes[w].join(timeout=CLOSE_GRACE_S)
+
+    def replace(self, w: int, cause: str) -> None:
+        """Spends one restart on failed worker `w` and starts a fresh process
+        for it (the engine has posted its first command); beyond the budget,
+        WorkerDiedError and a broken cycle."""
+        if self.restarts >= self.max_restarts:
+            why = (f"shmvec worker {w} failed ({cause}) and the restart budget "
+                   f"max_restarts={self.max_restarts} is spent; close this vector env")
+            self.cycle.break_(why)
+            raise WorkerDiedError(w, self.worker_rows[w], self.processes[w].exitcode, why)
+        self.restarts += 1
+        self.processes[w].close()
+        self.processes[w] = self.spawn(w)
+        self.sentinels[w] = self.processes[w].sentinel
+
+    # -- shutdown -------------------------------------------------------------------
+
+    def shutdown(self, grace: float) -> None:
+        self._finalizer.detach()
+        shutdown(self.processes, self.cpus, self.fds, grace)
+
+
+def shutdown(processes: list, cpus: list, fds: list[int], grace: float) -> None:
+    """Closes our fds (workers see end-of-file on the parent pipe and exit),
+    gives workers `grace` seconds in all, then kills what is left."""
+    for k, fd in enumerate(fds):
+        if fd >= 0:
+            PARENT_ONLY_FDS.discard(fd)
+            os.close(fd)
+            fds[k] = -1
+    deadline = time.monotonic() + grace
+    for p in processes:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=CLOSE_GRACE_S)
+        p.close()
+    processes.clear()
+    cpus.clear()
