@@ -17,8 +17,8 @@ import sys
 
 import shmvec
 from shmvec._system import usable_cpus
-from shmvec.measure import Hogs, async_rate, concurrent_limit, isolated, mlp_policy, tree_memory, vector_rate
-from shmvec.peers import PEERS, build, env_factory, single_action_space, workload_missing
+from shmvec.bench.measure import Hogs, async_rate, concurrent_limit, isolated, mlp_policy, tree_memory, vector_rate
+from shmvec.bench.peers import PEERS, build, env_factory, single_action_space, workload_missing
 
 __all__ = ["add_arguments", "run", "measure_once"]
 
@@ -437,9 +437,3 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             print(f"note: {missing}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":  # python -m shmvec.bench: the same as `shmvec bench`
-    from shmvec.cli import main
-
-    sys.exit(main(["bench", *sys.argv[1:]]))
