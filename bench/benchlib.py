@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 
 from shmvec._engine.system import usable_cpus
-from shmvec.measure import FreshProcess, action_batches, step_for, tree_memory, warmup_seconds
-from shmvec.peers import build, single_action_space
+from shmvec.bench.measure import FreshProcess, action_batches, step_for, tree_memory, warmup_seconds
+from shmvec.bench.peers import build, single_action_space
 
 CPUS = usable_cpus()
 WARMUP_S = warmup_seconds(1.0)

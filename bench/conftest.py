@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from benchlib import RESULTS
 
-from shmvec.peers import PEERS, build
+from shmvec.bench.peers import PEERS, build
 
 # (case, numerator, denominator, goal): numerator / denominator should reach
 # the goal. Steps/s are better higher; PSS and start-up seconds lower, so

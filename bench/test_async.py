@@ -10,7 +10,7 @@ import pytest
 from benchlib import record
 
 from shmvec import ShmVecEnv
-from shmvec.peers import env_factory
+from shmvec.bench.peers import env_factory
 from shmvec.testing import StragglerEnv
 
 SECONDS = 3.0

@@ -7,9 +7,9 @@ CPU hogs (64 and 256 envs).
 Each configuration steps in a fresh process, the same code as `shmvec bench`
 (`shmvec.bench.measure_once`), for --benchmark-max-time seconds (default 1).
 "limit" is one plain single-env loop per usable CPU, all at once, summed
-(`shmvec.measure.concurrent_limit`), with the hogs running too where the case
-has them; it has no policy. Needs `pip install "shmvec[bench-real]"` for
-Pong and HalfCheetah and torch for the policy case; what is missing is
+(`shmvec.bench.measure.concurrent_limit`), with the hogs running too where
+the case has them; it has no policy. Needs `pip install "shmvec[bench-real]"`
+for Pong and HalfCheetah and torch for the policy case; what is missing is
 skipped with the reason."""
 
 import importlib.util
@@ -18,8 +18,8 @@ import pytest
 from benchlib import record
 
 from shmvec.bench import measure_once
-from shmvec.measure import Hogs, concurrent_limit, isolated
-from shmvec.peers import PEERS, workload_missing
+from shmvec.bench.measure import Hogs, concurrent_limit, isolated
+from shmvec.bench.peers import PEERS, workload_missing
 
 SHMVEC, SYNC = ("shmvec", "shmvec", {}), ("sync", "sync", {})
 ALE, ENVPOOL = ("ale", "ale", {}), ("envpool", "envpool", {})

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from shmvec import ShmVecEnv, ShmVecError
-from shmvec.measure import tree_memory
+from shmvec.bench.measure import tree_memory
 from shmvec.testing import SpacesEnv
 
 SECONDS = float(os.environ.get("SHMVEC_SOAK_SECONDS", 600))

@@ -6,8 +6,8 @@ usable CPU, all at once, summed."""
 import pytest
 from benchlib import record, time_calls, time_steps
 
-from shmvec.measure import action_batches, concurrent_limit, plain_step
-from shmvec.peers import PEERS, env_factory
+from shmvec.bench.measure import action_batches, concurrent_limit, plain_step
+from shmvec.bench.peers import PEERS, env_factory
 
 # case -> (env spec, number of envs)
 CASES = {

@@ -12,8 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from shmvec import ShmVecEnv, cli, measure, peers
-from shmvec.peers import PEERS
+from shmvec import ShmVecEnv, cli
+from shmvec.bench import measure, peers
+from shmvec.bench.peers import PEERS
 from shmvec.testing import NoopEnv
 
 FAST = ["--seconds", "0.05", "--passes", "1"]

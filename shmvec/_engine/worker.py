@@ -90,7 +90,7 @@ def main(spec: WorkerSpec) -> None:
     # Ctrl-C reaches the whole process group; the front end decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.start_method == "fork":
-        # The parent-only fds are closed already (a fork hook in _system).
+        # The parent-only fds are closed already (a fork hook in system.py).
         # Everything else inherited is the front end's: never finalize it
         # here (a vector env's __del__ would close the parent's engine), and
         # let go of every arena, so that each is freed when its engine

@@ -21,7 +21,7 @@ from typing import Any
 from gymnasium.vector.utils import batch_space
 
 from shmvec._engine.system import usable_cpus
-from shmvec.peers import env_factory, single_action_space
+from shmvec.bench.peers import env_factory, single_action_space
 
 __all__ = ["action_batches", "step_for", "warmup_seconds", "vector_rate", "async_rate", "mlp_policy",
            "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "FreshProcess", "isolated"]
