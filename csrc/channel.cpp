@@ -137,6 +137,14 @@ int FrontChannel::dead_worker(const std::vector<int>& sentinels, bool only_busy)
   return 0;
 }
 
+bool FrontChannel::keep_waiting(const Interrupted& interrupted, const std::vector<int>& sentinels,
+                                bool only_busy, int64_t deadline, int& status) const {
+  if (interrupted()) return status = kInterrupted, false;
+  if (int dead = dead_worker(sentinels, only_busy)) return status = dead, false;
+  if (platform::now_ns() >= deadline) return status = kTimedOut, false;
+  return true;
+}
+
 int FrontChannel::wait(const std::vector<int>& sentinels, double timeout_s,
                        const Interrupted& interrupted) {
   if (sentinels.size() != seq_.size()) throw std::invalid_argument("one sentinel per worker");
@@ -145,10 +153,7 @@ int FrontChannel::wait(const std::vector<int>& sentinels, double timeout_s,
   const int64_t deadline = deadline_after(start, timeout_s);
   int status = kReady;
   auto on_slice = [&]() -> bool {
-    if (interrupted()) return status = kInterrupted, false;
-    if (int dead = dead_worker(sentinels, true)) return status = dead, false;
-    if (platform::now_ns() >= deadline) return status = kTimedOut, false;
-    return true;
+    return keep_waiting(interrupted, sentinels, true, deadline, status);
   };
   // Ready when every posted worker has published done_id = this command (the
   // truth). We sleep on `completions` and ask to be woken when it reaches
@@ -229,10 +234,7 @@ int FrontChannel::wait_finished(uint32_t count, const std::vector<int>& sentinel
   const int64_t deadline = deadline_after(platform::now_ns(), timeout_s);
   int status = kReady;
   auto on_slice = [&]() -> bool {
-    if (interrupted()) return status = kInterrupted, false;
-    if (int dead = dead_worker(sentinels, false)) return status = dead, false;
-    if (platform::now_ns() >= deadline) return status = kTimedOut, false;
-    return true;
+    return keep_waiting(interrupted, sentinels, false, deadline, status);
   };
   // Envs finish one by one: spin only briefly, then sleep until the push
   // that makes `count` ready. A worker wakes us only at a mark of the count:

@@ -146,6 +146,10 @@ class FrontChannel {
   uint32_t busy_count() const;  // posted workers that have not completed
   // 1 + the first busy worker whose sentinel says it died, else 0.
   int dead_worker(const std::vector<int>& sentinels, bool only_busy) const;
+  // Between the sleeps of a wait: false (stop) with `status` set when the wait
+  // is interrupted, a worker died or the deadline passed.
+  bool keep_waiting(const Interrupted& interrupted, const std::vector<int>& sentinels, bool only_busy,
+                    int64_t deadline, int& status) const;
 
   char* base_;
   FixedLayout layout_;

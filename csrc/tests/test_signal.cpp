@@ -142,8 +142,6 @@ void test_worker_sees_dead_parent() {
 void test_front_sees_dead_worker() {
   Arena a = make_arena();
   FrontChannel front(a.base, a.fixed, true);
-  int pipe_fds[2];
-  CHECK(pipe(pipe_fds) == 0);
   pid_t pid = fork();
   if (pid == 0) _exit(7);  // dies without serving
   int status = 0;
