@@ -1,13 +1,19 @@
-"""Checks of the arguments of the Gymnasium vector env contract, shared by
-every front end that takes them (messages as in SyncVectorEnv)."""
+"""The Gymnasium vector env contract's pieces shared by every front end
+that has them: checks of its arguments (messages as in SyncVectorEnv, or as
+ShmVecEnv words them where SyncVectorEnv has no such check) and the
+attribute methods written on ``call()``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
 
-__all__ = ["seeds_for", "checked_reset_mask", "per_env_values"]
+__all__ = [
+    "seeds_for", "checked_reset_mask", "per_env_values", "check_sync", "check_async", "checked_env_ids",
+    "action_leaves", "checked_leaf_batch", "checked_object_batch", "AttributesByCall",
+]
 
 
 def seeds_for(seed: Any, num_envs: int) -> list[int | None]:
@@ -57,3 +63,113 @@ def per_env_values(values: Any, num_envs: int) -> list:
             f"Got `{len(values)}` values for {num_envs} environments."
         )
     return list(values)
+
+
+# -- sync and async mode --------------------------------------------------------
+
+
+def check_sync(envs: Any, name: str, instead: str) -> None:
+    """Refuses `name` (reset/step) of a front end in async mode (batch_size < num_envs)."""
+    if envs.batch_size < envs.num_envs:
+        raise RuntimeError(
+            f"{name}() is for synchronous stepping; this env has batch_size={envs.batch_size} "
+            f"< num_envs={envs.num_envs}: use {instead}()"
+        )
+
+
+def check_async(envs: Any, name: str) -> None:
+    """Refuses `name` (async_reset/send/recv) of a front end in synchronous mode."""
+    if envs.batch_size == envs.num_envs:
+        raise RuntimeError(f"{name}() is for async mode: create the {type(envs).__name__} with batch_size < num_envs")
+
+
+def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pending: Collection[int]) -> np.ndarray:
+    """``send()``'s `env_ids` as an array: 1-D ints in range, no repeats, none
+    in flight (`in_flight`: a mask) and none whose ``async_reset()`` results
+    are not yet received (`reset_pending`: their ids)."""
+    ids = np.asarray(env_ids)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
+        raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
+    if len(np.unique(ids)) != len(ids):
+        raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
+    busy = ids[in_flight[ids]]
+    if busy.size:
+        raise ValueError(f"envs {busy.tolist()} are already in flight: recv() them before sending again")
+    waiting = set(reset_pending).intersection(ids.tolist())
+    if waiting:
+        raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")
+    return ids
+
+
+# -- actions ------------------------------------------------------------------
+# A batch of actions is checked leaf by leaf (see shmvec._engine.layout): `what` names
+# the leaf in errors, "actions" for a space of one fixed-shape leaf, else
+# "action leaf <k>".
+
+
+def action_leaves(flatten: Callable[[Any], list], actions: Any) -> list:
+    """The leaf batches of a batch of actions (`flatten`: the action space's
+    flattener), or ValueError if it does not have the space's structure."""
+    try:
+        return flatten(actions)
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise ValueError(f"actions do not have the structure of the action space: {exc!r}") from None
+
+
+def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
+    """A fixed-shape leaf's batch as an array of `shape`, in a dtype that
+    casts to the space's `dtype` within its kind (as SyncVectorEnv's
+    ``np.stack(..., out=...)`` casts)."""
+    array = value if type(value) is np.ndarray else np.asarray(value)
+    if array.ndim == 0:  # as SyncVectorEnv, which cannot iterate over it
+        raise TypeError(f"{what} must be a batch of shape {shape} ({shape[0]} envs), got the scalar {value!r}")
+    if array.shape != shape:
+        raise ValueError(f"{what} must have shape {shape} ({shape[0]} envs), got {array.shape}")
+    if array.dtype != dtype and not np.can_cast(array.dtype, dtype, "same_kind"):
+        raise TypeError(
+            f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
+            f"{dtype} (only casts within the same kind are allowed)"
+        )
+    return array
+
+
+def checked_object_batch(value: Any, count: int, what: str) -> list:
+    """The `count` values of a leaf without a fixed shape, as a list."""
+    values = list(value)
+    if len(values) != count:
+        raise ValueError(f"{what} has {len(values)} values for {count} envs")
+    return values
+
+
+# -- attributes -----------------------------------------------------------------
+
+
+class AttributesByCall:
+    """``render``, ``get_attr``, ``set_attr``, ``np_random_seed`` and
+    ``np_random`` of a front end, written on its ``call()``, its
+    ``_check_open()`` and its ``_set_attr(name, values)`` (one value per env,
+    already checked)."""
+
+    def render(self) -> tuple[Any, ...]:
+        """The rendered frames of every env."""
+        return self.call("render")
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """The attribute `name` of every env."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Sets `name` on every env: one value each if `values` is a list or
+        tuple, else the same value for all."""
+        self._check_open()
+        self._set_attr(name, per_env_values(values, self.num_envs))
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        return self.get_attr("np_random")

@@ -20,8 +20,8 @@ from shmvec._engine.engine import CLOSE_GRACE_S, Engine
 from shmvec._engine.env_slice import AUTORESET_CODES
 from shmvec._engine.info_columns import InfoColumns
 from shmvec._engine.protocol import StepRecord
+from shmvec.contract import AttributesByCall, check_sync, checked_env_ids, checked_reset_mask, seeds_for
 from shmvec.errors import ShmVecTimeoutError
-from shmvec.contract import checked_reset_mask, per_env_values, seeds_for
 
 __all__ = ["ShmVecEnv"]
 
@@ -66,7 +66,7 @@ def _add_env_infos(target: VectorEnv, infos: dict[str, Any], row: int, info: dic
     return infos
 
 
-class ShmVecEnv(VectorEnv):
+class ShmVecEnv(AttributesByCall, VectorEnv):
     """Steps many Gymnasium envs in parallel worker processes that exchange
     actions, observations, rewards and flags through shared memory.
 
@@ -246,7 +246,7 @@ class ShmVecEnv(VectorEnv):
     ) -> None:
         """Starts resetting the envs; ``reset_wait()`` returns the results."""
         self._cycle.check_usable()
-        self._check_sync("reset", "async_reset")
+        check_sync(self, "reset", "async_reset")
         seeds = seeds_for(seed, self.num_envs)
         self._cycle.check_idle("reset_async")
         mask = None
@@ -292,7 +292,7 @@ class ShmVecEnv(VectorEnv):
         if self._cycle.phase is not Phase.IDLE:
             self._cycle.check_steppable()
         if self._async_mode:
-            self._check_sync("step", "send/recv")
+            check_sync(self, "step", "send/recv")
         if self._disabled and self._autoreset_envs.any():
             ended = np.flatnonzero(self._autoreset_envs).tolist()
             raise RuntimeError(
@@ -354,19 +354,7 @@ class ShmVecEnv(VectorEnv):
     def send(self, actions: Any, env_ids: Any) -> None:
         """Hands envs `env_ids` their next actions and returns at once."""
         self._cycle.check_steppable("send")
-        ids = np.asarray(env_ids)
-        if ids.ndim != 1 or ids.dtype.kind not in "iu":
-            raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_envs):
-            raise ValueError(f"env_ids must be in [0, {self.num_envs}), got {ids.tolist()}")
-        if len(np.unique(ids)) != len(ids):
-            raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
-        busy = ids[self._in_flight[ids]]
-        if busy.size:
-            raise ValueError(f"envs {busy.tolist()} are already in flight: recv() them before sending again")
-        waiting = set(self._reset_ready).intersection(ids.tolist())
-        if waiting:
-            raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")
+        ids = checked_env_ids(env_ids, self.num_envs, self._in_flight, self._reset_ready)
         self._io.write_actions(actions, ids)
         self._engine.async_steps.send(ids.tolist())
         self._in_flight[ids] = True
@@ -428,13 +416,6 @@ class ShmVecEnv(VectorEnv):
             infos = _add_env_infos(batch, infos, position[r.row], r.info, r.ended, final_obs, r.final_info)
         return infos
 
-    def _check_sync(self, name: str, instead: str) -> None:
-        if self.batch_size < self.num_envs:
-            raise RuntimeError(
-                f"{name}() is for synchronous stepping; this env has batch_size={self.batch_size} "
-                f"< num_envs={self.num_envs}: use {instead}()"
-            )
-
     def _restarted(self, last_observations: Any) -> None:
         """For RayVecEnv, after Ray rebuilt the actor this env lives in:
         `last_observations` (a batch; None if none was handed out) are the
@@ -476,10 +457,6 @@ class ShmVecEnv(VectorEnv):
 
     # -- the rest of the contract ---------------------------------------------
 
-    def render(self) -> tuple[Any, ...]:
-        """The rendered frames of every env."""
-        return self.call("render")
-
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method `name` of every env (or reads the attribute)."""
         self.call_async(name, *args, **kwargs)
@@ -496,28 +473,13 @@ class ShmVecEnv(VectorEnv):
         self._cycle.check_waiting(Phase.WAITING_CALL)
         return tuple(self._finish(timeout))
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        """The attribute `name` of every env."""
-        return self.call(name)
-
-    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
-        """Sets `name` on every env: one value each if `values` is a list or
-        tuple, else the same value for all."""
-        self._cycle.check_usable()
-        values = per_env_values(values, self.num_envs)
+    def _set_attr(self, name: str, values: list[Any]) -> None:
+        """set_attr() (of AttributesByCall), with one value per env."""
         self._cycle.check_idle("set_attr")
         try:
             self._engine.set_attr(name, values)
         finally:
             self._send_lost()
-
-    @property
-    def np_random_seed(self) -> tuple[int, ...]:
-        return self.get_attr("np_random_seed")
-
-    @property
-    def np_random(self) -> tuple[np.random.Generator, ...]:
-        return self.get_attr("np_random")
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
         """Closes the envs and the workers. A pending call is waited for up
@@ -540,3 +502,6 @@ class ShmVecEnv(VectorEnv):
             self._io = None  # its views would keep the arena mapped
             if engine is not None:
                 engine.close(terminate=terminate)
+
+    def _check_open(self) -> None:
+        self._cycle.check_usable()

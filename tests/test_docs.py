@@ -9,14 +9,14 @@ import pytest
 from helpers import needs_gymnasium_1
 
 MODULES = ["shmvec.vector_env", "shmvec.make", "shmvec.sb3",
-           pytest.param("shmvec.ray", marks=needs_gymnasium_1("shmvec.ray"))]
+           pytest.param("shmvec.ray.errors", marks=needs_gymnasium_1("shmvec.ray"))]
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     if name == "shmvec.sb3":
         pytest.importorskip("stable_baselines3")
-    if name == "shmvec.ray":
+    if name == "shmvec.ray.errors":
         pytest.importorskip("ray")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -9,6 +9,7 @@ import numpy as np
 
 from shmvec._engine.engine import Engine
 from shmvec._engine.layout import action_dtype_code, flattener, is_single_fixed_leaf, unflattener
+from shmvec.contract import action_leaves, checked_leaf_batch, checked_object_batch
 
 __all__ = ["BatchIO"]
 
@@ -61,18 +62,13 @@ class BatchIO:
             for k, value in enumerate(leaves):
                 self._write_leaf(k, value, f"action leaf {k}", rows)
             return None
-        try:
-            leaves = self._flatten_actions(actions)
-        except (KeyError, TypeError, IndexError, ValueError) as exc:
-            raise ValueError(f"actions do not have the structure of the action space: {exc!r}") from None
+        leaves = action_leaves(self._flatten_actions, actions)
         object_actions = None
         for k, (view, value) in enumerate(zip(self.action_views, leaves)):
             if view is not None:
                 self._write_leaf(k, value, f"action leaf {k}")
                 continue
-            values = list(value)
-            if len(values) != self.num_envs:
-                raise ValueError(f"action leaf {k} has {len(values)} values for {self.num_envs} envs")
+            values = checked_object_batch(value, self.num_envs, f"action leaf {k}")
             if object_actions is None:
                 object_actions = [[] for _ in range(self.num_envs)]
             for i in range(self.num_envs):
@@ -86,17 +82,12 @@ class BatchIO:
         (np.float64 for a float64 batch, even for a float32 Box); async sends
         (`rows`: other envs may be reading their rows) use the space's dtype."""
         view = self.action_views[k]
-        array = value if type(value) is np.ndarray else np.asarray(value)
         shape = view.shape if rows is None else (len(rows), *view.shape[1:])
-        if array.ndim == 0:  # as SyncVectorEnv, which cannot iterate over it
-            raise TypeError(f"{what} must be a batch of shape {shape} ({shape[0]} envs), got the scalar {value!r}")
-        if array.shape != shape:
-            raise ValueError(f"{what} must have shape {shape} ({shape[0]} envs), got {array.shape}")
-        if array.dtype != view.dtype and not np.can_cast(array.dtype, view.dtype, "same_kind"):
-            raise TypeError(
-                f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
-                f"{view.dtype} (only casts within the same kind are allowed)"
-            )
+        array = value
+        # An array of the leaf's shape and dtype needs no check: the usual
+        # batch costs no call here (this is every step's path).
+        if type(array) is not np.ndarray or array.shape != shape or array.dtype != view.dtype:
+            array = checked_leaf_batch(value, shape, view.dtype, what)
         codes = self._action_codes
         if rows is not None:
             codes[k] = self._action_space_codes[k]

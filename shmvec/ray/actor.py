@@ -1,0 +1,128 @@
+"""Inside a Ray actor: the ShmVecEnv that steps one slice of a RayVecEnv's
+envs, sized from the CPUs Ray granted the actor."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import ray
+from gymnasium.error import ClosedEnvironmentError
+
+from shmvec.ray.batches import LeafBatches
+from shmvec.ray.infos import merge_infos
+from shmvec.vector_env import ShmVecEnv
+
+__all__ = ["SliceHost", "shmvec_env_for_grant"]
+
+# How long a waiting recv() in an actor waits at a time before it looks
+# whether the actor is closing.
+WAIT_SLICE_S = 0.1
+
+
+def _granted_workers(num_envs: int, caller_steps: bool) -> int:
+    """Worker processes for the CPUs Ray granted this process (the caller,
+    when it steps envs itself, counts as one)."""
+    granted = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    stepping = min(max(1, int(granted)), num_envs)
+    return stepping - 1 if caller_steps else stepping
+
+
+def shmvec_env_for_grant(env_fns: list, batch_size: int | None, kwargs: dict[str, Any]) -> ShmVecEnv:
+    """A ShmVecEnv sized from Ray's CPU grant unless `num_workers` is given."""
+    kwargs = dict(kwargs)
+    if kwargs.get("num_workers") is None:
+        caller_steps = kwargs.get("caller_steps")
+        if caller_steps is None:
+            caller_steps = batch_size is None or batch_size == len(env_fns)
+        kwargs["num_workers"] = _granted_workers(len(env_fns), caller_steps)
+    return ShmVecEnv(env_fns, batch_size=batch_size, **kwargs)
+
+
+class SliceHost:
+    """A Ray actor's body: one slice of a RayVecEnv's envs in a ShmVecEnv.
+
+    An asyncio actor, so that it stays responsive: a recv() that has to wait
+    for envs waits in a thread (reading shared memory only), and the actor
+    takes send()s, calls and the rest meanwhile. Everything that touches the
+    ShmVecEnv runs on the event loop's thread, one call at a time. Results
+    carry the ShmVecEnv's count of worker restarts (the RayVecEnv's budget
+    counts them)."""
+
+    envs: ShmVecEnv | None = None
+
+    async def start(self, env_fns: list, batch_size: int | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.envs is not None:  # Ray said the actor restarted, though it did not: start afresh
+            self.envs.close(terminate=True)
+        self.envs = shmvec_env_for_grant(env_fns, batch_size, kwargs)
+        self._batches = LeafBatches(self.envs.single_observation_space)
+        self._waiter = ThreadPoolExecutor(1, thread_name_prefix="shmvec-recv")
+        self._recv_lock = asyncio.Lock()  # one recv() at a time, in the order they came
+        self._closing = False
+        e = self.envs
+        return {"observation_space": e.single_observation_space, "action_space": e.single_action_space,
+                "metadata": e.metadata, "render_mode": e.render_mode, "num_workers": e.num_workers}
+
+    def _restarts(self) -> int:
+        return self.envs._engine.restarts
+
+    async def restarted(self, last_observations: Any) -> None:
+        """This actor was rebuilt: every env's next step reports its restart,
+        truncated at `last_observations` (None: never handed out)."""
+        self.envs._restarted(last_observations)
+
+    async def reset(self, seed: list, options: dict | None):
+        return (*self.envs.reset(seed=seed, options=options), self._restarts())
+
+    async def step(self, actions: Any):
+        return (*self.envs.step(actions), self._restarts())
+
+    async def async_reset(self, seed: list, options: dict | None) -> None:
+        self.envs.async_reset(seed=seed, options=options)
+
+    async def send(self, actions: Any, env_ids: np.ndarray) -> None:
+        self.envs.send(actions, env_ids)
+
+    async def recv(self, count: int):
+        """The first `count` envs of this slice to finish (the ShmVecEnv
+        receives one at a time, so any count can be asked for)."""
+        async with self._recv_lock:
+            parts = []
+            for _ in range(count):
+                await self._wait_for_one()
+                parts.append(self.envs.recv())
+        ids = np.concatenate([p[4].pop("env_id") for p in parts])
+        infos: dict[str, Any] = {}
+        first = np.zeros(1, dtype=np.int64)
+        for k, p in enumerate(parts):
+            infos = merge_infos(infos, p[4], first, np.array([k]), count)
+        return (self._batches.join([p[0] for p in parts]), *(np.concatenate([p[i] for p in parts]) for i in (1, 2, 3)),
+                infos, ids, self._restarts())
+
+    async def _wait_for_one(self) -> None:
+        """Until the ShmVecEnv's recv() would not wait (or would find a
+        failure to handle, or the timeout is up), without blocking the loop."""
+        envs, loop = self.envs, asyncio.get_running_loop()
+        engine, start = envs._engine, time.monotonic()
+        while not envs._reset_ready:
+            if await loop.run_in_executor(self._waiter, engine.async_steps.wait_finished, 1, WAIT_SLICE_S):
+                return
+            if self._closing:
+                raise ClosedEnvironmentError("this actor's envs are closing")
+            if 0 <= engine.timeout <= time.monotonic() - start:
+                return  # recv() tells a hung worker (restarted or TimeoutError)
+
+    async def call(self, name: str, args: tuple, kwargs: dict) -> tuple:
+        return self.envs.call(name, *args, **kwargs)
+
+    async def set_attr(self, name: str, values: list) -> None:
+        self.envs.set_attr(name, values)
+
+    async def close(self) -> None:
+        self._closing = True
+        async with self._recv_lock:  # a waiting recv() stops within WAIT_SLICE_S
+            self.envs.close()
+        self._waiter.shutdown()

@@ -1,0 +1,163 @@
+"""RayVecEnv's side of its actors: creating them, calls to all of them at
+once, and what an actor's death does: an ``ActorDiedError`` naming that
+actor or, with ``restart_failed_workers``, a revival within the vector
+env's one restart budget."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from shmvec._engine.cycle import ENV_RAISED, CommandCycle
+from shmvec.errors import ShmVecError, WorkerDiedError
+from shmvec.ray.actor import SliceHost
+from shmvec.ray.errors import ActorDiedError
+from shmvec.ray.restarts import LastObservations, RestartBudget
+
+__all__ = ["ActorCalls"]
+
+# A call to an actor that Ray is restarting (older Rays, within ray>=2.9, have no such error).
+_ACTOR_UNAVAILABLE = getattr(ray.exceptions, "ActorUnavailableError", ())
+# How long Ray may take to restart a dead actor.
+REVIVE_TIMEOUT_S = 60.0
+
+
+class ActorCalls:
+    """A base of RayVecEnv: its Ray actors, one per slice of its envs
+    (``slices``), each hosting a ShmVecEnv (``SliceHost``).
+
+    RayVecEnv sets ``slices`` before ``_create_actors()``, and ``_last``
+    (the observations each env was last handed) once it knows the
+    observation space. Failures move RayVecEnv's ``_cycle`` (shmvec._engine.cycle):
+    a failed step leaves its batch half done, a spent budget breaks it."""
+
+    slices: list[range]
+    _last: LastObservations
+    _cycle: CommandCycle
+
+    def _create_actors(self, env_fns: list, async_mode: bool, shmvec_kwargs: dict[str, Any],
+                       actor_options: dict[str, Any] | None) -> None:
+        """Creates the actors (their envs start with ``start``, in _gather)."""
+        options = {"num_cpus": 1, **(actor_options or {})}
+        self._restart = bool(shmvec_kwargs.get("restart_failed_workers", False))
+        self.max_restarts = int(shmvec_kwargs.get("max_restarts", 10))  # ShmVecEnv's default
+        self._budget = RestartBudget(self.max_restarts, len(self.slices))
+        if self._restart:  # Ray restarts a dead actor's process; _revive() rebuilds its envs
+            options.setdefault("max_restarts", self.max_restarts)
+        actor_class = ray.remote(SliceHost).options(**options)
+        self._actors = [actor_class.remote() for _ in self.slices]
+        # Each actor's ShmVecEnv receives one env at a time, so that the
+        # front end can ask an actor for any number of finished envs.
+        self._start_args = [([env_fns[i] for i in rows], 1 if async_mode else None, shmvec_kwargs)
+                            for rows in self.slices]
+
+    @property
+    def restarts(self) -> int:
+        """Actors and workers restarted so far, counted against max_restarts."""
+        return self._budget.used
+
+    def _gather(self, call: Callable[[int, Any], ray.ObjectRef], actors: Sequence[int] | None = None) -> list:
+        """Makes `call` on every actor (or those listed) at once and gathers
+        the results in one round."""
+        actors = range(len(self._actors)) if actors is None else actors
+        return self._get([call(k, self._actors[k]) for k in actors], actors)
+
+    def _get(self, refs: list, actors: Sequence[int]) -> list:
+        """ray.get of calls made to `actors` (one each); a dead actor raises
+        ActorDiedError naming the actor of the call that failed (Ray's error
+        may not say which: its actor_id can be None)."""
+        try:
+            return ray.get(refs)
+        except RayActorError as exc:
+            error = exc
+        for k, ref in zip(actors, refs):
+            try:
+                ray.get(ref)
+            except RayActorError as exc:
+                raise ActorDiedError(k, self.slices[k], str(exc).strip().splitlines()[0]) from exc
+            except Exception:
+                pass  # another call's error: not the actor that died
+        raise error
+
+    def _revive(self, k: int, reason: str) -> None:
+        """After actor `k` died (restart_failed_workers): waits for Ray to
+        restart it and rebuilds its envs, marked restarted: each one's next
+        step reports it, as a ShmVecEnv reports envs of a restarted worker."""
+        actor, rows = self._actors[k], self.slices[k]
+        if self._budget.spent:
+            self._cycle.break_(f"shmvec Ray actor {k} died and the restart budget max_restarts={self.max_restarts} "
+                               "is spent; close this vector env")
+            raise ActorDiedError(k, rows, f"{reason}; the restart budget max_restarts={self.max_restarts} is spent")
+        self._budget.actor_restarted(k)
+        deadline = time.monotonic() + REVIVE_TIMEOUT_S
+        while True:
+            try:
+                self._get([actor.start.remote(*self._start_args[k])], [k])
+                self._get([actor.restarted.remote(self._last.of(k))], [k])
+                return
+            except ActorDiedError as exc:
+                # "Temporarily unavailable": Ray is still restarting it.
+                if isinstance(exc.__cause__, _ACTOR_UNAVAILABLE) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                self._cycle.break_(f"shmvec Ray actor {k} died and Ray did not restart it; close this vector env")
+                raise ActorDiedError(k, rows, f"{exc.reason}; Ray did not restart it") from exc
+
+    def _count_restarts(self, k: int, reported: int) -> None:
+        """Notes the worker restarts actor `k` reported; beyond the budget,
+        WorkerDiedError."""
+        if self._budget.workers_reported(k, reported):
+            self._cycle.break_(f"shmvec Ray actor {k} (envs {self.slices[k].start}..{self.slices[k].stop - 1}) "
+                               f"restarted a worker and the restart budget max_restarts={self.max_restarts} is "
+                               "spent; close this vector env")
+            raise WorkerDiedError(k, self.slices[k], None, self._cycle.why)
+
+    def _restart_or_raise(self, exc: ActorDiedError) -> None:
+        """Revives the actor that `exc` names, or raises `exc` without restarts."""
+        if not self._restart:
+            raise exc
+        self._revive(exc.worker, exc.reason)
+
+    def _stepped(self, refs: list, actors: Sequence[int]) -> list:
+        """Gathers results of steps: after an env error, some envs stepped and
+        others did not, so only a full reset brings them back to a known state."""
+        try:
+            return self._get(refs, actors)
+        except ActorDiedError:
+            raise
+        except Exception:
+            self._cycle.half_done(ENV_RAISED)
+            raise
+
+    def _step_results(self, step: Callable[[int], ray.ObjectRef]) -> list:
+        """Each actor's step result (`step(k)` makes actor k's call). With
+        restart_failed_workers, an actor that died is restarted and stepped
+        again: its envs' restart reports are their results."""
+        actors = range(len(self._actors))
+        refs = [step(k) for k in actors]
+        try:
+            return self._stepped(refs, actors)
+        except ActorDiedError:
+            if not self._restart:
+                raise
+        results = []
+        for k, ref in zip(actors, refs):
+            try:
+                results += self._stepped([ref], [k])
+            except ActorDiedError as exc:
+                self._revive(k, exc.reason)
+                results += self._stepped([step(k)], [k])
+        return results
+
+    def _fan_out(self, call: Callable[[int, Any], ray.ObjectRef]) -> list:
+        """`call` on every actor; after a restart, the caller must call again."""
+        try:
+            return self._gather(call)
+        except ActorDiedError as exc:
+            self._restart_or_raise(exc)
+            raise ShmVecError(f"shmvec Ray actor {exc.worker} died during this call and was restarted "
+                              "(its envs reset); call again") from exc

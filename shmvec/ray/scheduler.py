@@ -1,0 +1,149 @@
+"""RayVecEnv's async mode (batch_size < num_envs): which envs are where.
+
+Envs go to the actors that host them; each actor's ShmVecEnv receives its
+envs one at a time, so an actor can be asked for any number of its finished
+envs (``SliceHost.recv(count)``). To gather envs from whichever actors finish
+first without a Ray call per env, every actor with a chunk of envs in flight
+(its share of a batch) has a recv call for that chunk in progress, and the
+envs left over are asked for only when the next batch needs them. Results
+beyond a batch wait for the next recv()."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import ray
+
+from shmvec.ray.batches import LeafBatches
+from shmvec.ray.infos import merge_infos
+
+__all__ = ["AsyncScheduler"]
+
+# An actor's result: (observations, rewards, terminations, truncations,
+# infos, env ids); the scheduler keeps them with the vector env's env ids.
+Result = tuple
+
+
+class AsyncScheduler:
+    """The send/recv bookkeeping of one RayVecEnv in async mode."""
+
+    def __init__(self, actors: list, slices: list[range], batch_size: int, observations: LeafBatches,
+                 actions: LeafBatches, action_space: gym.Space):
+        self._num_envs = num_envs = slices[-1].stop
+        self._actors, self._slices = actors, slices
+        self._starts = np.array([rows.start for rows in slices])
+        self._observations, self._actions, self._action_space = observations, actions, action_space
+        # Envs sent (or reset) and not yet received by the caller.
+        self.in_flight = np.zeros(num_envs, dtype=np.bool_)
+        self.reset_pending = np.zeros(num_envs, dtype=np.bool_)
+        # Per actor: envs in flight not yet asked for, and how many one recv call asks for.
+        self._unasked = np.zeros(len(slices), dtype=np.int64)
+        self._chunk = [max(1, round(batch_size * len(rows) / num_envs)) for rows in slices]
+        self._calls: dict[ray.ObjectRef, tuple[int, int]] = {}  # recv calls in progress -> (actor, envs)
+        self._results: list[Result] = []  # brought back, not yet received by the caller
+
+    def drop_all(self) -> None:
+        """Forgets every env in flight (for async_reset), once the calls in
+        progress have landed (each actor's ShmVecEnv drops what is still in flight)."""
+        if self._calls:
+            ray.wait(list(self._calls), num_returns=len(self._calls))
+        self._calls.clear()
+        self._results.clear()
+
+    def all_reset(self) -> None:
+        """Every env was reset: recv() hands them out."""
+        self.in_flight[:] = False
+        self.reset_pending[:] = True
+        self._unasked[:] = [len(rows) for rows in self._slices]
+        self.ask()
+
+    def send(self, leaves: list, ids: np.ndarray) -> None:
+        """Sends envs `ids` their actions (the leaves of a checked batch)."""
+        owner = np.searchsorted(self._starts, ids, side="right") - 1
+        for k in np.unique(owner):
+            mine = np.flatnonzero(owner == k)
+            self._actors[k].send.remote(self._actions.take(leaves, mine), ids[mine] - self._starts[k])
+            self._unasked[k] += len(mine)
+        self.in_flight[ids] = True
+        self.ask()
+
+    def available(self) -> int:
+        """Envs the caller can still receive."""
+        return int(self.in_flight.sum() + self.reset_pending.sum())
+
+    def received(self) -> int:
+        """Envs brought back and not yet handed out."""
+        return sum(len(r[5]) for r in self._results)
+
+    def ask(self, needed: int = 0) -> None:
+        """Asks actors for their finished envs: a chunk from each actor with
+        enough envs in flight and, when the next batch needs them (`needed`
+        envs beyond the results at hand), the envs left over as well."""
+        for k in range(len(self._actors)):
+            while self._unasked[k] >= self._chunk[k]:
+                self._call(k, self._chunk[k])
+        short = needed - sum(count for _, count in self._calls.values())
+        if short > 0:
+            for k in np.flatnonzero(self._unasked):
+                self._call(int(k), int(min(self._unasked[k], short)))
+
+    def _call(self, k: int, count: int) -> None:
+        self._calls[self._actors[k].recv.remote(count)] = (k, count)
+        self._unasked[k] -= count
+
+    def next_finished(self) -> tuple[int, ray.ObjectRef]:
+        """Waits for a recv call to finish: its actor and the call's ref."""
+        (ref,), _ = ray.wait(list(self._calls), num_returns=1)
+        k, _ = self._calls.pop(ref)
+        return k, ref
+
+    def add(self, k: int, result: Result) -> int:
+        """Keeps actor `k`'s result for the caller; returns its number of envs."""
+        self._results.append((*result[:5], result[5] + self._starts[k]))
+        return len(result[5])
+
+    def send_again(self, k: int) -> None:
+        """Actor `k` was rebuilt: the envs it had in flight go again, to come
+        back with their restart reports (which ignore the action); the
+        others report at their next send()."""
+        for ref in [ref for ref, (j, _) in self._calls.items() if j == k]:
+            del self._calls[ref]  # died with it
+        rows = self._slices[k]
+        received = {int(i) for r in self._results for i in r[5]}
+        lost = [i for i in rows if (self.in_flight[i] or self.reset_pending[i]) and i not in received]
+        self._unasked[k] = len(lost)
+        if lost:
+            actions = self._actions.checked_actions(self._action_space.sample(), self._num_envs)
+            self._actors[k].send.remote(self._actions.take(actions, np.asarray(lost)), np.asarray(lost) - rows.start)
+
+    def take(self, count: int) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """The first `count` envs of the results at hand, as one batch, with
+        their ids in ``infos["env_id"]``."""
+        taken, have = [], 0
+        while have < count:
+            result = self._results.pop(0)
+            n = min(count - have, len(result[5]))
+            if n < len(result[5]):  # keep the rest of this actor's results for the next recv()
+                self._results.insert(0, self._rows(result, np.arange(n, len(result[5]))))
+            taken.append((result, n))
+            have += n
+        batches = self._observations
+        obs = batches.join([batches.take(batches.flatten(r[0]), slice(0, n)) for r, n in taken])
+        infos: dict[str, Any] = {}
+        position = 0
+        for r, n in taken:
+            infos = merge_infos(infos, r[4], np.arange(n), np.arange(position, position + n), count)
+            position += n
+        ids = np.concatenate([r[5][:n] for r, n in taken]).astype(np.int64)
+        infos["env_id"] = ids
+        self.in_flight[ids] = False
+        self.reset_pending[ids] = False
+        return (obs, *(np.concatenate([r[i][:n] for r, n in taken]) for i in (1, 2, 3)), infos)
+
+    def _rows(self, result: Result, rows: np.ndarray) -> Result:
+        """Rows `rows` of a result."""
+        infos = merge_infos({}, result[4], rows, np.arange(len(rows)), len(rows))
+        obs = self._observations.take(self._observations.flatten(result[0]), rows)
+        return (obs, result[1][rows], result[2][rows], result[3][rows], infos, result[5][rows])
