@@ -14,6 +14,7 @@ from gymnasium.error import ClosedEnvironmentError
 
 from shmvec.ray.batches import LeafBatches
 from shmvec.ray.infos import merge_infos
+from shmvec.ray.scheduler import ActorBatch
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["SliceHost", "shmvec_env_for_grant"]
@@ -94,13 +95,14 @@ class SliceHost:
             for _ in range(count):
                 await self._wait_for_one()
                 parts.append(self.envs.recv())
-        ids = np.concatenate([p[4].pop("env_id") for p in parts])
+        observations, rewards, terminations, truncations, part_infos = zip(*parts)
+        ids = np.concatenate([part.pop("env_id") for part in part_infos])
         infos: dict[str, Any] = {}
         first = np.zeros(1, dtype=np.int64)
-        for k, p in enumerate(parts):
-            infos = merge_infos(infos, p[4], first, np.array([k]), count)
-        return (self._batches.join([p[0] for p in parts]), *(np.concatenate([p[i] for p in parts]) for i in (1, 2, 3)),
-                infos, ids, self._restarts())
+        for k, part in enumerate(part_infos):
+            infos = merge_infos(infos, part, first, np.array([k]), count)
+        return ActorBatch(self._batches.join(observations), np.concatenate(rewards), np.concatenate(terminations),
+                          np.concatenate(truncations), infos, ids, self._restarts())
 
     async def _wait_for_one(self) -> None:
         """Until the ShmVecEnv's recv() would not wait (or would find a

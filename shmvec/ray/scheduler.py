@@ -10,7 +10,7 @@ beyond a batch wait for the next recv()."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -19,11 +19,19 @@ import ray
 from shmvec.ray.batches import LeafBatches
 from shmvec.ray.infos import merge_infos
 
-__all__ = ["AsyncScheduler"]
+__all__ = ["AsyncScheduler", "ActorBatch"]
 
-# An actor's result: (observations, rewards, terminations, truncations,
-# infos, env ids); the scheduler keeps them with the vector env's env ids.
-Result = tuple
+
+class ActorBatch(NamedTuple):
+    """Envs an actor's recv() brought back, in the order they finished."""
+
+    observations: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
+    infos: dict[str, Any]
+    env_ids: np.ndarray  # the actor's own rows; the vector env's once added
+    restarts: int = 0  # workers the actor's ShmVecEnv has restarted so far
 
 
 class AsyncScheduler:
@@ -42,7 +50,7 @@ class AsyncScheduler:
         self._unasked = np.zeros(len(slices), dtype=np.int64)
         self._chunk = [max(1, round(batch_size * len(rows) / num_envs)) for rows in slices]
         self._calls: dict[ray.ObjectRef, tuple[int, int]] = {}  # recv calls in progress -> (actor, envs)
-        self._results: list[Result] = []  # brought back, not yet received by the caller
+        self._results: list[ActorBatch] = []  # brought back, not yet received by the caller
 
     def drop_all(self) -> None:
         """Forgets every env in flight (for async_reset), once the calls in
@@ -75,7 +83,7 @@ class AsyncScheduler:
 
     def received(self) -> int:
         """Envs brought back and not yet handed out."""
-        return sum(len(r[5]) for r in self._results)
+        return sum(len(r.env_ids) for r in self._results)
 
     def ask(self, needed: int = 0) -> None:
         """Asks actors for their finished envs: a chunk from each actor with
@@ -99,10 +107,10 @@ class AsyncScheduler:
         k, _ = self._calls.pop(ref)
         return k, ref
 
-    def add(self, k: int, result: Result) -> int:
+    def add(self, k: int, result: ActorBatch) -> int:
         """Keeps actor `k`'s result for the caller; returns its number of envs."""
-        self._results.append((*result[:5], result[5] + self._starts[k]))
-        return len(result[5])
+        self._results.append(result._replace(env_ids=result.env_ids + self._starts[k]))
+        return len(result.env_ids)
 
     def send_again(self, k: int) -> None:
         """Actor `k` was rebuilt: the envs it had in flight go again, to come
@@ -111,7 +119,7 @@ class AsyncScheduler:
         for ref in [ref for ref, (j, _) in self._calls.items() if j == k]:
             del self._calls[ref]  # died with it
         rows = self._slices[k]
-        received = {int(i) for r in self._results for i in r[5]}
+        received = {int(i) for r in self._results for i in r.env_ids}
         lost = [i for i in rows if (self.in_flight[i] or self.reset_pending[i]) and i not in received]
         self._unasked[k] = len(lost)
         if lost:
@@ -124,26 +132,29 @@ class AsyncScheduler:
         taken, have = [], 0
         while have < count:
             result = self._results.pop(0)
-            n = min(count - have, len(result[5]))
-            if n < len(result[5]):  # keep the rest of this actor's results for the next recv()
-                self._results.insert(0, self._rows(result, np.arange(n, len(result[5]))))
+            n = min(count - have, len(result.env_ids))
+            if n < len(result.env_ids):  # keep the rest of this actor's results for the next recv()
+                self._results.insert(0, self._rows(result, np.arange(n, len(result.env_ids))))
             taken.append((result, n))
             have += n
         batches = self._observations
-        obs = batches.join([batches.take(batches.flatten(r[0]), slice(0, n)) for r, n in taken])
+        obs = batches.join([batches.take(batches.flatten(r.observations), slice(0, n)) for r, n in taken])
         infos: dict[str, Any] = {}
         position = 0
         for r, n in taken:
-            infos = merge_infos(infos, r[4], np.arange(n), np.arange(position, position + n), count)
+            infos = merge_infos(infos, r.infos, np.arange(n), np.arange(position, position + n), count)
             position += n
-        ids = np.concatenate([r[5][:n] for r, n in taken]).astype(np.int64)
+        ids = np.concatenate([r.env_ids[:n] for r, n in taken]).astype(np.int64)
         infos["env_id"] = ids
         self.in_flight[ids] = False
         self.reset_pending[ids] = False
-        return (obs, *(np.concatenate([r[i][:n] for r, n in taken]) for i in (1, 2, 3)), infos)
+        rewards, terminations, truncations = (np.concatenate([getattr(r, name)[:n] for r, n in taken])
+                                              for name in ("rewards", "terminations", "truncations"))
+        return obs, rewards, terminations, truncations, infos
 
-    def _rows(self, result: Result, rows: np.ndarray) -> Result:
+    def _rows(self, result: ActorBatch, rows: np.ndarray) -> ActorBatch:
         """Rows `rows` of a result."""
-        infos = merge_infos({}, result[4], rows, np.arange(len(rows)), len(rows))
-        obs = self._observations.take(self._observations.flatten(result[0]), rows)
-        return (obs, result[1][rows], result[2][rows], result[3][rows], infos, result[5][rows])
+        infos = merge_infos({}, result.infos, rows, np.arange(len(rows)), len(rows))
+        obs = self._observations.take(self._observations.flatten(result.observations), rows)
+        return ActorBatch(obs, result.rewards[rows], result.terminations[rows], result.truncations[rows], infos,
+                          result.env_ids[rows], result.restarts)

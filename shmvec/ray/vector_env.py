@@ -27,7 +27,7 @@ from shmvec.ray.batches import LeafBatches
 from shmvec.ray.errors import ActorDiedError
 from shmvec.ray.infos import merge_infos
 from shmvec.ray.restarts import LastObservations
-from shmvec.ray.scheduler import AsyncScheduler
+from shmvec.ray.scheduler import ActorBatch, AsyncScheduler
 
 __all__ = ["RayVecEnv"]
 
@@ -257,13 +257,13 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         while have < self.batch_size:
             k, ref = scheduler.next_finished()
             try:
-                result = self._stepped([ref], [k])[0]
+                result: ActorBatch = self._stepped([ref], [k])[0]
             except ActorDiedError as exc:
                 self._restart_or_raise(exc)
                 scheduler.send_again(k)
                 scheduler.ask(self.batch_size - have)
                 continue
-            self._count_restarts(k, result[6])
+            self._count_restarts(k, result.restarts)
             have += scheduler.add(k, result)
         batch = scheduler.take(self.batch_size)
         if self._restart:
