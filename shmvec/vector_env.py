@@ -18,10 +18,10 @@ from shmvec._engine.batch_io import BatchIO
 from shmvec._engine.cycle import CommandCycle, Phase
 from shmvec._engine.engine import CLOSE_GRACE_S, Engine
 from shmvec._engine.env_slice import AUTORESET_CODES
-from shmvec._engine.info_columns import InfoColumns
-from shmvec._engine.protocol import StepRecord
-from shmvec.contract import AttributesByCall, check_sync, checked_env_ids, checked_reset_mask, seeds_for
+from shmvec.contract import AttributesByCall, check_sync, checked_reset_mask, seeds_for
 from shmvec.errors import ShmVecTimeoutError
+from shmvec.send_recv import SendRecv
+from shmvec.step_infos import vectorize
 
 __all__ = ["ShmVecEnv"]
 
@@ -46,27 +46,7 @@ def _check_observation_mode(mode: Any) -> str | tuple[Space, Space]:
     )
 
 
-class _InfoBatch(VectorEnv):
-    """VectorEnv._add_info (and what it calls) for a batch of `num_envs`
-    rows (async results); not a vector env otherwise."""
-
-    def __init__(self, num_envs: int):
-        self.num_envs = num_envs
-
-
-def _add_env_infos(target: VectorEnv, infos: dict[str, Any], row: int, info: dict | None,
-                   ended: bool = False, final_obs: Any = None, final_info: Any = None) -> dict[str, Any]:
-    """Adds one env's infos of a step to the batch's as SyncVectorEnv does,
-    with the final observation and info of an episode that ended in it."""
-    if ended:
-        for part in compat.episode_end_infos(info, final_obs, final_info):
-            infos = target._add_info(infos, part, row)
-    elif info:
-        infos = target._add_info(infos, info, row)
-    return infos
-
-
-class ShmVecEnv(AttributesByCall, VectorEnv):
+class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
     """Steps many Gymnasium envs in parallel worker processes that exchange
     actions, observations, rewards and flags through shared memory.
 
@@ -218,11 +198,7 @@ class ShmVecEnv(AttributesByCall, VectorEnv):
         self._disabled = self.autoreset_mode is AutoresetMode.DISABLED
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._reset_mask: np.ndarray | None = None  # of the pending reset
-        # Async mode: envs sent and not yet received; envs reset by
-        # async_reset() waiting to be received, with their reset records.
-        self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
-        self._reset_ready: list[int] = []
-        self._reset_records: dict[int, tuple] = {}
+        self._init_send_recv()
 
     # -- stepping -----------------------------------------------------------
     # Each call is a *_async that starts it and a *_wait that collects it, as
@@ -275,7 +251,7 @@ class ShmVecEnv(AttributesByCall, VectorEnv):
             self._cycle.reset_done()
         else:
             self._autoreset_envs[mask] = False
-        infos = self._infos(records)  # first: it stores observation leaves without a fixed shape
+        infos = vectorize(self, self._io, records)  # first: it stores observation leaves without a fixed shape
         if self._restarts:
             self._io.remember()
         return self._io.observations(), infos
@@ -318,7 +294,7 @@ class ShmVecEnv(AttributesByCall, VectorEnv):
         # per-env work), else env by env.
         infos = self._engine.info_columns.batch() if not records else None
         if infos is None:
-            infos = self._infos(records, self._engine.info_columns)
+            infos = vectorize(self, self._io, records, self._engine.info_columns)
         if self._restarts:
             io.remember()
         return (
@@ -328,93 +304,6 @@ class ShmVecEnv(AttributesByCall, VectorEnv):
             io.truncations.copy(),
             infos,
         )
-
-    # -- async mode (batch_size < num_envs) -------------------------------------
-
-    def async_reset(self, *, seed: int | list[int | None] | None = None,
-                    options: dict[str, Any] | None = None) -> None:
-        """Resets every env and returns at once; ``recv()`` then returns the
-        reset observations ``batch_size`` envs at a time (rewards 0, flags False)."""
-        self._cycle.check_usable()
-        seeds = seeds_for(seed, self.num_envs)
-        if options is not None and not isinstance(options, dict):
-            raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
-        steps = self._engine.async_steps
-        while self._in_flight.any():  # let them land, then drop their results
-            finished = steps.recv(int(self._in_flight.sum()))
-            self._in_flight[finished or self._engine.restarted_rows] = False  # a restart lost its own
-        records = self._engine.reset(seeds, options, None)
-        self._cycle.reset_done()
-        self._io.rewards[:] = 0.0
-        self._io.terminations[:] = False
-        self._io.truncations[:] = False
-        self._reset_records = {record.row: record for record in records}
-        self._reset_ready = list(range(self.num_envs))
-
-    def send(self, actions: Any, env_ids: Any) -> None:
-        """Hands envs `env_ids` their next actions and returns at once."""
-        self._cycle.check_steppable("send")
-        ids = checked_env_ids(env_ids, self.num_envs, self._in_flight, self._reset_ready)
-        self._io.write_actions(actions, ids)
-        self._engine.async_steps.send(ids.tolist())
-        self._in_flight[ids] = True
-
-    def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """Waits for ``batch_size`` envs to finish and returns their
-        (observations, rewards, terminations, truncations, infos), in the
-        order they finished; ``infos["env_id"]`` says which envs they are."""
-        self._cycle.check_usable()
-        available = len(self._reset_ready) + int(self._in_flight.sum())
-        if available < self.batch_size:
-            raise RuntimeError(
-                f"recv() needs {self.batch_size} envs in flight, but only {available} are: "
-                "send() more first (or async_reset())"
-            )
-        rows = self._reset_ready[: self.batch_size]
-        del self._reset_ready[: self.batch_size]
-        records = [self._reset_records.pop(r) for r in rows if r in self._reset_records]
-        steps = self._engine.async_steps
-        while len(rows) < self.batch_size:
-            finished = steps.recv(self.batch_size - len(rows))
-            if self._engine.restarted_rows:
-                self._send_again(self._engine.restarted_rows)
-                continue
-            self._in_flight[finished] = False
-            rows += finished
-            records += [r for r in map(steps.record, finished) if r is not None]
-        ids = np.asarray(rows, dtype=np.int64)
-        infos = self._batch_infos(records, rows)  # first: it stores observation leaves without a fixed shape
-        infos["env_id"] = ids
-        io = self._io
-        result = io.observations_at(ids), io.rewards[ids], io.terminations[ids], io.truncations[ids], infos
-        if self._restarts:
-            io.remember(ids)
-        return result
-
-    def _send_lost(self) -> None:
-        """In async mode, after a command during which workers were replaced."""
-        if self._async_mode and self._engine.restarted_rows:
-            self._send_again(self._engine.restarted_rows)
-
-    def _send_again(self, restarted: list[int]) -> None:
-        """Fresh workers replaced failed ones: the envs they had in flight
-        go again, to come back with their restart reports (which ignore the
-        action); the others report at their next send()."""
-        rows = np.asarray(restarted)
-        lost = rows[self._in_flight[rows]].tolist()
-        self._io.restore(lost)  # the failed worker may have written some of their rows
-        self._engine.async_steps.send(lost)
-
-    def _batch_infos(self, records: list, rows: list[int]) -> dict[str, Any]:
-        """Like _infos, for a batch of async results (rows in their order in the batch)."""
-        batch = _InfoBatch(len(rows))
-        position = {row: i for i, row in enumerate(rows)}
-        infos: dict[str, Any] = {}
-        for r in sorted(records, key=lambda r: position[r.row]):
-            final_obs = self._io.final_obs(r.row, r.final_obs) if r.ended else None
-            self._io.update_objects(r.row, r.objects)
-            infos = _add_env_infos(batch, infos, position[r.row], r.info, r.ended, final_obs, r.final_info)
-        return infos
 
     def _restarted(self, last_observations: Any) -> None:
         """For RayVecEnv, after Ray rebuilt the actor this env lives in:
@@ -435,25 +324,6 @@ class ShmVecEnv(AttributesByCall, VectorEnv):
         finally:
             if self._async_mode:
                 self._send_lost()
-
-    def _infos(self, records: list[StepRecord], columns: InfoColumns | None = None) -> dict[str, Any]:
-        """Vectorises the records (and infos in `columns`) exactly as
-        SyncVectorEnv does, env by env."""
-        infos: dict[str, Any] = {}
-        by_row = {record.row: record for record in records}
-        rows = sorted(by_row.keys() | set(columns.rows().tolist())) if columns is not None else list(by_row)
-        for row in rows:
-            info = ended = final_info = final_obs = None
-            record = by_row.get(row)
-            if record is not None:
-                info, ended, final_info = record.info, record.ended, record.final_info
-                self._io.update_objects(row, record.objects)
-                if ended:
-                    final_obs = self._io.final_obs(row, record.final_obs)
-            if info is None and columns is not None and columns.flags[row]:
-                info = columns.row(row)
-            infos = _add_env_infos(self, infos, row, info, ended, final_obs, final_info)
-        return infos
 
     # -- the rest of the contract ---------------------------------------------
 

@@ -260,3 +260,23 @@ def test_recv_is_woken_once_not_once_per_finished_env():
         assert (_sleeps() - before) / recvs < 3
     finally:
         envs.close()
+
+
+def test_each_mode_refuses_the_other_modes_calls_with_a_clear_error(closing):
+    # send() on a lock-step env once failed deep in the engine ("async mode is
+    # not attached", later an AttributeError), after writing the actions.
+    lockstep = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=1)
+    closing(lockstep)
+    lockstep.reset(seed=0)
+    for call in (lambda: lockstep.async_reset(), lambda: lockstep.recv(),
+                 lambda: lockstep.send(np.zeros(2, dtype=np.int64), np.array([0, 1]))):
+        with pytest.raises(RuntimeError, match=r"is for async mode: create the ShmVecEnv with batch_size < num_envs"):
+            call()
+    lockstep.step(np.zeros(4, dtype=np.int64))  # still steps
+
+    async_envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=1, batch_size=2)
+    closing(async_envs)
+    for call, instead in ((lambda: async_envs.reset(), "async_reset"),
+                          (lambda: async_envs.step(np.zeros(4, dtype=np.int64)), "send/recv")):
+        with pytest.raises(RuntimeError, match=f"is for synchronous stepping.*use {instead}"):
+            call()
