@@ -3,6 +3,11 @@ shared memory. ``shmvec.ShmVecEnv`` is a drop-in Gymnasium ``VectorEnv``."""
 
 from importlib.metadata import version as _version
 
+# The built extension first: a source tree without it (a checkout beside an
+# installed shmvec, found first on sys.path by a forkserver started in it)
+# then fails before any of its subpackages is imported and cached, so the
+# installed package is imported whole afterwards, never mixed with it.
+from shmvec import _core  # noqa: F401
 from shmvec.errors import PerformanceWarning, ShmVecError, WorkerDiedError
 from shmvec.make import make
 from shmvec.vector_env import ShmVecEnv
