@@ -5,14 +5,14 @@ attribute methods written on ``call()``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
 
 __all__ = [
     "seeds_for", "checked_reset_mask", "per_env_values", "check_sync", "check_async", "checked_env_ids",
-    "action_leaves", "checked_leaf_batch", "checked_object_batch", "AttributesByCall",
+    "AttributesByCall",
 ]
 
 
@@ -101,46 +101,6 @@ def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pe
     if waiting:
         raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")
     return ids
-
-
-# -- actions ------------------------------------------------------------------
-# A batch of actions is checked leaf by leaf (see shmvec._engine.layout): `what` names
-# the leaf in errors, "actions" for a space of one fixed-shape leaf, else
-# "action leaf <k>".
-
-
-def action_leaves(flatten: Callable[[Any], list], actions: Any) -> list:
-    """The leaf batches of a batch of actions (`flatten`: the action space's
-    flattener), or ValueError if it does not have the space's structure."""
-    try:
-        return flatten(actions)
-    except (KeyError, TypeError, IndexError, ValueError) as exc:
-        raise ValueError(f"actions do not have the structure of the action space: {exc!r}") from None
-
-
-def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
-    """A fixed-shape leaf's batch as an array of `shape`, in a dtype that
-    casts to the space's `dtype` within its kind (as SyncVectorEnv's
-    ``np.stack(..., out=...)`` casts)."""
-    array = value if type(value) is np.ndarray else np.asarray(value)
-    if array.ndim == 0:  # as SyncVectorEnv, which cannot iterate over it
-        raise TypeError(f"{what} must be a batch of shape {shape} ({shape[0]} envs), got the scalar {value!r}")
-    if array.shape != shape:
-        raise ValueError(f"{what} must have shape {shape} ({shape[0]} envs), got {array.shape}")
-    if array.dtype != dtype and not np.can_cast(array.dtype, dtype, "same_kind"):
-        raise TypeError(
-            f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
-            f"{dtype} (only casts within the same kind are allowed)"
-        )
-    return array
-
-
-def checked_object_batch(value: Any, count: int, what: str) -> list:
-    """The `count` values of a leaf without a fixed shape, as a list."""
-    values = list(value)
-    if len(values) != count:
-        raise ValueError(f"{what} has {len(values)} values for {count} envs")
-    return values
 
 
 # -- attributes -----------------------------------------------------------------

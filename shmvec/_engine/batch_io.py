@@ -3,15 +3,61 @@ actions in, observations (copied or viewed) out. Shared by every front end."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shmvec._engine.engine import Engine
 from shmvec._engine.layout import action_dtype_code, flattener, is_single_fixed_leaf, unflattener
-from shmvec.contract import action_leaves, checked_leaf_batch, checked_object_batch
 
-__all__ = ["BatchIO"]
+if TYPE_CHECKING:
+    from shmvec._engine.engine import Engine
+
+__all__ = ["BatchIO", "action_leaves", "checked_leaf_batch", "checked_object_batch"]
+
+
+# -- actions ------------------------------------------------------------------
+# A batch of actions is checked leaf by leaf (see shmvec._engine.layout); the Ray front end
+# checks its actions with these too: `what` names
+# the leaf in errors, "actions" for a space of one fixed-shape leaf, else
+# "action leaf <k>".
+
+
+def action_leaves(flatten: Callable[[Any], list], actions: Any) -> list:
+    """The leaf batches of a batch of actions (`flatten`: the action space's
+    flattener), or ValueError if it does not have the space's structure."""
+    try:
+        return flatten(actions)
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        raise ValueError(f"actions do not have the structure of the action space: {exc!r}") from None
+
+
+def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
+    """A fixed-shape leaf's batch as an array of `shape`, in a dtype that
+    casts to the space's `dtype` within its kind (as SyncVectorEnv's
+    ``np.stack(..., out=...)`` casts)."""
+    array = value if type(value) is np.ndarray else np.asarray(value)
+    if array.ndim == 0:  # as SyncVectorEnv, which cannot iterate over it
+        raise TypeError(f"{what} must be a batch of shape {shape} ({shape[0]} envs), got the scalar {value!r}")
+    if array.shape != shape:
+        raise ValueError(f"{what} must have shape {shape} ({shape[0]} envs), got {array.shape}")
+    if array.dtype != dtype and not np.can_cast(array.dtype, dtype, "same_kind"):
+        raise TypeError(
+            f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
+            f"{dtype} (only casts within the same kind are allowed)"
+        )
+    return array
+
+
+def checked_object_batch(value: Any, count: int, what: str) -> list:
+    """The `count` values of a leaf without a fixed shape, as a list."""
+    values = list(value)
+    if len(values) != count:
+        raise ValueError(f"{what} has {len(values)} values for {count} envs")
+    return values
+
+
+
 
 
 class BatchIO:

@@ -69,7 +69,8 @@ class CommandRunner:
         try:
             if self.num_workers and self._channel.busy:
                 self._wait_out_unread()
-            self.restarted_rows = []
+            if self.restarted_rows:
+                self.restarted_rows = []
             plain_step = code == P.STEP and requests is None
             if self.num_workers:
                 if plain_step:

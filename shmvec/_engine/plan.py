@@ -11,7 +11,10 @@ import numpy as np
 
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
-__all__ = ["default_num_workers", "plan_slices", "split_slices", "check_pin_workers", "check_observation_spaces"]
+__all__ = ["START_METHODS", "check_options", "default_num_workers", "plan_slices", "split_slices", "check_pin_workers",
+           "check_observation_spaces"]
+
+START_METHODS = ("fork", "forkserver", "spawn")
 
 
 def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False) -> int:
@@ -118,8 +121,6 @@ def check_options(env_fns: Sequence, num_workers: Any, caller_steps: Any, async_
                   start_method: str | None, pin_workers: Any, max_restarts: Any) -> tuple[list, float, str]:
     """Checks the engine's options; returns (env_fns as a list, the timeout in
     seconds, < 0 for none, the start method)."""
-    from shmvec._engine.pool import START_METHODS
-
     env_fns = list(env_fns)
     if not env_fns:
         raise ValueError("env_fns is empty: pass at least one env factory")

@@ -19,13 +19,13 @@ from shmvec import _core
 from shmvec._engine.cpus import choose_cpus
 from shmvec._engine.cycle import CommandCycle
 from shmvec._engine.system import PARENT_ONLY_FDS
+from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY
 from shmvec._engine.worker import FdHandle, WorkerSpec
 from shmvec._engine.worker import main as worker_main
 from shmvec.errors import ShmVecTimeoutError, WorkerDiedError, describe_exit
 
-__all__ = ["WorkerPool", "START_METHODS", "CLOSE_GRACE_S", "still_pending"]
+__all__ = ["WorkerPool", "CLOSE_GRACE_S", "still_pending"]
 
-START_METHODS = ("fork", "forkserver", "spawn")
 CLOSE_GRACE_S = 5.0
 
 
@@ -88,8 +88,6 @@ class WorkerPool:
 
     def spawn(self, k: int) -> mp.process.BaseProcess:
         """Starts the process of worker `k`."""
-        from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY
-
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             # Workers start in milliseconds when the server has these loaded.

@@ -37,9 +37,8 @@ def _layout(envs) -> dict:
     """What a ShmVecEnv made of its options: its number of workers, and
     whether they were pinned (``pin_workers="auto"`` pins only when every
     worker gets a CPU of its own)."""
-    cpus = getattr(getattr(getattr(envs, "_engine", None), "pool", None), "cpus", None)
-    return {"workers": envs.num_workers,
-            "pinned": None if cpus is None else any(cpu is not None for cpu in cpus)}
+    cpus = envs._engine.pool.cpus  # a shmvec ShmVecEnv: only peers that take shmvec's options get here
+    return {"workers": envs.num_workers, "pinned": any(cpu is not None for cpu in cpus)}
 
 
 def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: dict | None = None,

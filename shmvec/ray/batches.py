@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from shmvec.contract import action_leaves, checked_leaf_batch, checked_object_batch
+from shmvec._engine.batch_io import action_leaves, checked_leaf_batch, checked_object_batch
 from shmvec._engine.layout import flattener, is_single_fixed_leaf, leaves_of, unflattener
 
 __all__ = ["LeafBatches", "owned"]
@@ -35,7 +35,7 @@ class LeafBatches:
     def __init__(self, space: gym.Space):
         self.leaves = leaves_of(space)
         self.flatten, self.unflatten = flattener(space), unflattener(space)
-        # How ShmVecEnv's errors name each leaf (see shmvec.contract).
+        # How ShmVecEnv's errors name each leaf (see shmvec._engine.batch_io).
         single = is_single_fixed_leaf(space)
         self._names = ["actions"] if single else [f"action leaf {k}" for k in range(len(self.leaves))]
 
