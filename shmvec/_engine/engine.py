@@ -74,7 +74,7 @@ class Engine(CommandRunner):
         self.num_workers = num_workers
         # Released by close(), or when the engine is collected unclosed.
         self._torch_threads = weakref.finalize(self, TorchThreads(torch_threads, num_workers).release)
-        slices = split_slices(self.num_envs, num_workers + (1 if caller_steps else 0), caller_first=caller_steps)
+        slices = split_slices(self.num_envs, num_workers + (1 if caller_steps else 0))
         caller_rows = slices.pop(0) if caller_steps else None
         self.worker_rows = slices
         self.pool = WorkerPool(self.cycle, slices, start_method, timeout_s, bool(restart_failed_workers),

@@ -52,21 +52,10 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
     return int(num_workers), bool(caller_steps)
 
 
-# The caller's slice, as a fraction of an even share: besides its envs the
-# caller runs the front end and the user's own loop (the policy), and a
-# worker that finishes first only waits (on HalfCheetah x16, 2 CPUs, 7 and 9
-# envs stepped faster than 8 and 8 in interleaved passes).
-CALLER_SHARE = 7 / 8
-
-
-def split_slices(num_envs: int, num_slices: int, caller_first: bool = False) -> list[range]:
+def split_slices(num_envs: int, num_slices: int) -> list[range]:
     """Contiguous slices whose sizes differ by at most one, the larger ones
-    last. With `caller_first`, the first slice is the caller's, a little
-    smaller than an even share (CALLER_SHARE)."""
-    if caller_first and num_slices > 1:
-        size = min(max(1, round(num_envs / num_slices * CALLER_SHARE)), num_envs - (num_slices - 1))
-        rest = split_slices(num_envs - size, num_slices - 1)
-        return [range(0, size)] + [range(size + r.start, size + r.stop) for r in rest]
+    last (the caller's slice, the first, is never the larger: it also runs
+    the front end and the user's loop)."""
     base, extra = divmod(num_envs, num_slices)
     out, start = [], 0
     for k in range(num_slices):
