@@ -319,6 +319,15 @@ py::object Stepper::step_row(py::ssize_t row) {
   return step_env(row - first_row_, py::none());
 }
 
+py::list Stepper::step_rows(const std::vector<py::ssize_t>& rows) {
+  py::list records;
+  for (py::ssize_t row : rows) {
+    py::object record = step_row(row);
+    if (!record.is_none()) records.append(std::move(record));
+  }
+  return records;
+}
+
 py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
   const py::ssize_t row = first_row_ + k;
   failed_row_ = row;

@@ -56,6 +56,9 @@ class Stepper {
   py::object step(py::object object_actions);
   // Steps one env of the slice (async mode); returns its record or None.
   py::object step_row(py::ssize_t row);
+  // Steps the envs of `rows` (async mode stepped by the caller, in recv()),
+  // in that order; returns the records of those that have one (as step()).
+  py::list step_rows(const std::vector<py::ssize_t>& rows);
 
   // Writes an observation of env `row` (e.g. after an explicit reset) and
   // returns its non-fixed leaves (a list) or None.

@@ -92,12 +92,12 @@ def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pe
         raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
     if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
         raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
-    if len(np.unique(ids)) != len(ids):
+    if ids.size > 1 and np.bincount(ids.astype(np.intp, copy=False), minlength=num_envs).max() > 1:  # no sort, unlike np.unique
         raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
     busy = ids[in_flight[ids]]
     if busy.size:
         raise ValueError(f"envs {busy.tolist()} are already in flight: recv() them before sending again")
-    waiting = set(reset_pending).intersection(ids.tolist())
+    waiting = set(reset_pending).intersection(ids.tolist()) if reset_pending else None
     if waiting:
         raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")
     return ids

@@ -37,7 +37,7 @@ class SendRecv:
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         steps = self._engine.async_steps
         while self._in_flight.any():  # let them land, then drop their results
-            finished = steps.recv(int(self._in_flight.sum()))
+            finished = steps.recv(int(self._in_flight.sum()), discard=True)
             self._in_flight[finished or self._engine.restarted_rows] = False  # a restart lost its own
         records = self._engine.reset(seeds, options, None)
         self._cycle.reset_done()
@@ -79,7 +79,7 @@ class SendRecv:
                 continue
             self._in_flight[finished] = False
             rows += finished
-            records += [r for r in map(steps.record, finished) if r is not None]
+            records += steps.records(finished)
         ids = np.asarray(rows, dtype=np.int64)
         infos = vectorize_batch(self._io, records, rows)  # first: it stores observation leaves without a fixed shape
         infos["env_id"] = ids

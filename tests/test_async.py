@@ -69,18 +69,22 @@ def async_trajectories(envs, actions, rounds):
     return trajectories, order
 
 
+@pytest.mark.parametrize("num_workers", [3, 0], ids=["workers", "caller-steps-all"])
 @pytest.mark.parametrize("mode", AUTORESETTING_MODES, ids=mode_id)
 @pytest.mark.parametrize("make", [
     lambda: gym.make("CartPole-v1"),
     functools.partial(SpacesEnv, max_steps=5, terminate_prob=0.2),
 ], ids=["cartpole", "spaces"])
-def test_each_env_trajectory_matches_sync(make, mode):
+def test_each_env_trajectory_matches_sync(make, mode, num_workers):
+    # num_workers=0: the caller steps every env itself, in recv() (the
+    # default when no CPU is idle for a worker).
     num_envs, batch, rounds = 6, 2, 150
     rng = np.random.default_rng(0)
     n_actions = 2 if isinstance(make(), gym.Wrapper) else 3
     actions = rng.integers(0, n_actions, size=(num_envs, rounds))
-    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=3, **autoreset_kwargs(mode),
+    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=num_workers, **autoreset_kwargs(mode),
                             start_method="fork")
+    assert envs.num_workers == num_workers
     try:
         got, _ = async_trajectories(envs, actions, rounds)
     finally:
@@ -167,8 +171,12 @@ def test_construction_errors():
         shmvec.ShmVecEnv(fns, batch_size=0)
     with pytest.raises(ValueError, match="batch_size"):
         shmvec.ShmVecEnv(fns, batch_size=5)
-    with pytest.raises(ValueError, match="caller"):
+    with pytest.raises(ValueError, match="caller steps envs itself only without workers"):
         shmvec.ShmVecEnv(fns, batch_size=2, caller_steps=True)
+    with pytest.raises(ValueError, match="caller steps envs itself only without workers"):
+        shmvec.ShmVecEnv(fns, batch_size=2, num_workers=1, caller_steps=True)
+    with pytest.raises(ValueError, match="num_workers=0 needs caller_steps=True"):
+        shmvec.ShmVecEnv(fns, batch_size=2, num_workers=0, caller_steps=False)
 
 
 def test_worker_death_while_in_flight():
@@ -203,18 +211,20 @@ def test_timeout_while_in_flight():
         assert time.monotonic() - start < 10
 
 
-def test_env_error_in_async_step_reaches_caller():
+@pytest.mark.parametrize("num_workers", [1, 0], ids=["worker", "caller-steps-all"])
+def test_env_error_in_async_step_reaches_caller(num_workers):
     class Boom(SpacesEnv):
         def step(self, action):
             raise KeyError("boom")
 
-    envs = shmvec.ShmVecEnv([Boom] * 2, batch_size=1, num_workers=1, caller_steps=False, start_method="fork")
+    envs = shmvec.ShmVecEnv([Boom] * 2, batch_size=1, num_workers=num_workers, start_method="fork")
     try:
         receive_resets(envs)
         envs.send(np.zeros(1, dtype=np.int64), [1])
         with pytest.raises(KeyError, match="boom") as info:
             envs.recv()
-        assert "Traceback" in str(info.value.__cause__)
+        if num_workers:  # from a worker: its traceback comes along
+            assert "Traceback" in str(info.value.__cause__)
         with pytest.raises(RuntimeError, match="reset"):
             envs.send(np.zeros(1, dtype=np.int64), [0])
         envs.async_reset()  # usable again

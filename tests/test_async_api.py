@@ -234,9 +234,27 @@ def test_warnings_as_errors_still_close(closing):
 @pytest.mark.parametrize("cpus", [1, 2, 16])
 def test_async_mode_leaves_the_caller_a_cpu_for_the_policy(monkeypatch, cpus):
     # In async mode the caller runs the policy while workers step: by
-    # default one worker per usable CPU less the caller's (at least one).
+    # default one worker per usable CPU less the caller's. With no CPU left
+    # for a worker, the caller steps every env itself (in recv()).
     from shmvec._engine import plan
 
     monkeypatch.setattr(plan, "usable_cpus", lambda: cpus)
-    assert plan.plan_slices(64, None, None, async_mode=True) == (max(1, cpus - 1), False)
+    monkeypatch.setattr(plan, "cpus_busy_elsewhere", lambda: 0)
+    assert plan.plan_slices(64, None, None, async_mode=True) == ((cpus - 1, False) if cpus > 1 else (0, True))
     assert plan.plan_slices(64, None, None, async_mode=False) == (max(0, cpus - 1), True)
+
+
+@pytest.mark.parametrize("busy", [0, 1, 14, 16])
+def test_default_workers_leave_out_the_cpus_other_programs_keep_busy(monkeypatch, busy):
+    # Beside other programs' busy threads, a worker per usable CPU would
+    # wait at every step for one of them to get a CPU back: one per idle
+    # CPU instead, and none (the caller steps every env) when none is idle.
+    from shmvec._engine import plan
+
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(plan, "cpus_busy_elsewhere", lambda: busy)
+    idle_for_workers = max(0, 15 - busy)
+    assert plan.plan_slices(64, None, None, async_mode=False) == (idle_for_workers, True)
+    assert plan.plan_slices(64, None, None, async_mode=True) == (idle_for_workers, idle_for_workers == 0)
+    assert plan.plan_slices(64, None, False, async_mode=True) == (max(1, idle_for_workers), False)
+    assert plan.plan_slices(64, 4, None, async_mode=False) == (4, True)  # an explicit count stands

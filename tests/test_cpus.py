@@ -35,6 +35,13 @@ def tmpdir_only(tmp_path, monkeypatch):
     return tmp
 
 
+def release(fds: list[int]) -> None:
+    """Gives reservations back as the engine does (os.close alone would leave
+    their numbers in PARENT_ONLY_FDS, and every later fork child would close
+    whatever fd has that number by then)."""
+    cpus._release(fds)
+
+
 def lock_dir(tmp) -> str:
     return os.path.join(str(tmp), f"shmvec-cpus-{os.getuid()}")
 
@@ -59,8 +66,7 @@ def test_reserves_in_a_private_per_user_directory(tmpdir_only):
         for fd in fds:
             assert not os.get_inheritable(fd)
     finally:
-        for fd in fds:
-            os.close(fd)
+        release(fds)
     assert lock_is_free(os.path.join(lock_dir(tmpdir_only), "cpu3.lock"))
 
 
@@ -69,8 +75,7 @@ def test_uses_xdg_runtime_dir_when_usable(tmpdir_only, tmp_path, monkeypatch):
     run.mkdir(mode=0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
     chosen, fds = cpus.choose_cpus(1, True, leave_free=0)
-    for fd in fds:
-        os.close(fd)
+    release(fds)
     assert chosen == [3]
     assert os.listdir(run / "shmvec-cpus") == ["cpu3.lock"]
     assert os.listdir(tmpdir_only) == []
@@ -84,8 +89,7 @@ def test_unusable_xdg_runtime_dir_falls_back_to_tmpdir(problem, tmpdir_only, tmp
         run.chmod(0o755)
     monkeypatch.setenv("XDG_RUNTIME_DIR", "run" if problem == "not absolute" else str(run))
     chosen, fds = cpus.choose_cpus(1, True, leave_free=0)  # no warning: the fallback is fine
-    for fd in fds:
-        os.close(fd)
+    release(fds)
     assert chosen == [3]
     assert os.listdir(lock_dir(tmpdir_only)) == ["cpu3.lock"]
 
@@ -141,12 +145,10 @@ def test_a_cpu_held_elsewhere_is_skipped(tmpdir_only):
     chosen, held = cpus.choose_cpus(1, True, leave_free=0)
     try:
         chosen2, fds = cpus.choose_cpus(1, "auto", leave_free=0)
-        for fd in fds:
-            os.close(fd)
+        release(fds)
         assert chosen == [3] and chosen2 == [2]
     finally:
-        for fd in held:
-            os.close(fd)
+        release(held)
 
 
 def test_default_env_starts_unpinned_despite_a_planted_file(tmpdir_only, monkeypatch, closing):
@@ -178,5 +180,35 @@ def test_auto_does_not_pin_on_a_busy_machine(monkeypatch, tmp_path):
     try:
         assert chosen == [1]
     finally:
-        for fd in fds:
-            os.close(fd)
+        release(fds)
+
+
+def test_cpus_kept_busy_by_other_programs_are_counted():
+    """Default worker counts leave out CPUs that other programs keep busy:
+    with a spinning process pinned to each of our CPUs, all of them count."""
+    import multiprocessing as mp
+
+    from shmvec._engine.system import cpus_busy_elsewhere, usable_cpus
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if usable_cpus() < len(allowed):
+        pytest.skip("a CPU quota below the affinity mask: busy CPUs are not counted (see cpus_busy_elsewhere)")
+    ctx = mp.get_context("fork")
+    spinning = [ctx.Event() for _ in allowed]
+    hogs = [ctx.Process(target=_spin_on, args=(cpu, event), daemon=True) for cpu, event in zip(allowed, spinning)]
+    for hog in hogs:
+        hog.start()
+    try:
+        assert all(event.wait(10) for event in spinning), [hog.exitcode for hog in hogs]
+        assert cpus_busy_elsewhere() == len(allowed)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.join()
+
+
+def _spin_on(cpu: int, spinning) -> None:
+    os.sched_setaffinity(0, {cpu})
+    spinning.set()
+    while True:
+        pass

@@ -2,6 +2,10 @@
 their workers one by one and come back in the order they finish, through
 per-worker rings in the arena; a slow env does not stall the others.
 
+Without workers (no CPU idle for one: see plan.default_num_workers),
+``CallerSteps`` keeps the same API and the caller steps the envs itself, in
+recv(), where it would otherwise wait.
+
 With restarts, a worker found dead (checked every CHECK_EVERY_S) or hung
 (envs in flight and none finished for `timeout`) is replaced while the
 other envs keep flowing; the front end sends again the envs it had in
@@ -15,14 +19,15 @@ from typing import TYPE_CHECKING
 
 from shmvec import _core
 from shmvec._engine import protocol as P
-from shmvec._engine.cycle import ENV_RAISED
+from shmvec._engine.cycle import ENV_RAISED, INTERRUPTED
 from shmvec._engine.protocol import StepRecord
 from shmvec._engine.transport import raise_remote
 
 if TYPE_CHECKING:
     from shmvec._engine.engine import Engine
+    from shmvec._engine.env_slice import EnvSlice
 
-__all__ = ["AsyncSteps", "RECORD_CAPACITY"]
+__all__ = ["AsyncSteps", "CallerSteps", "RECORD_CAPACITY"]
 
 RECORD_CAPACITY = 8 * 1024  # per env, for async records (infos); larger ones are fetched
 
@@ -49,9 +54,10 @@ class AsyncSteps:
             self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
         self._channel.send(rows)
 
-    def recv(self, count: int) -> list[int]:
+    def recv(self, count: int, discard: bool = False) -> list[int]:
         """Waits for `count` envs to finish; returns their rows in finishing
-        order. With restarts, a worker found dead or hung (now, or every
+        order (`discard`: their results will be dropped, which changes
+        nothing here: the workers step what they were sent). With restarts, a worker found dead or hung (now, or every
         CHECK_EVERY_S while other envs keep coming) is replaced instead:
         then it returns [] and the engine's `restarted_rows` says which envs
         are new (the front end sends again those it had in flight)."""
@@ -104,6 +110,11 @@ class AsyncSteps:
         self._engine.cycle.check_usable()
         return self._channel.wait_finished(count, self._pool.sentinels, timeout) != -1
 
+    def records(self, rows: list[int]) -> list[StepRecord]:
+        """The records of the envs of `rows` that have one, in that order
+        (see record())."""
+        return [record for record in map(self.record, rows) if record is not None]
+
     def record(self, row: int) -> StepRecord | None:
         """The record of an env's last async step (None if it has none);
         raises the env's exception if the step failed (its batch is then
@@ -121,3 +132,59 @@ class AsyncSteps:
             self._engine.cycle.half_done(ENV_RAISED)
             raise_remote(record)
         return StepRecord._make(record)
+
+
+class CallerSteps:
+    """send/recv when the caller steps every env itself (async mode with
+    ``num_workers=0``): send() queues the envs, recv() steps the first ones
+    queued. One process and no handoffs, as in SyncVectorEnv, which is what
+    a machine whose CPUs are all taken runs fastest; a slow env then stalls
+    the batch it is in."""
+
+    POLL_S = 0.001  # wait_finished()'s look at the queue, which another thread fills
+
+    def __init__(self, engine: Engine, envs: EnvSlice):
+        self._engine = engine
+        self._envs = envs
+        self._queue: list[int] = []
+        self._records: dict[int, StepRecord] = {}
+
+    def send(self, rows: list[int]) -> None:
+        self._engine.cycle.check_usable()
+        self._queue += rows
+
+    def recv(self, count: int, discard: bool = False) -> list[int]:
+        """Steps the first `count` envs queued; returns their rows. With
+        `discard` (async_reset() drops their results) they are not stepped.
+        An env that raises leaves the batch half done, as a worker's env
+        does, and its batch queued for async_reset() to discard."""
+        cycle = self._engine.cycle
+        cycle.check_usable()
+        self._engine.restarted_rows = []
+        rows, self._queue = self._queue[:count], self._queue[count:]
+        if discard:
+            return rows
+        try:
+            records = self._envs.step_rows(rows)
+        except BaseException as exc:
+            self._queue = rows + self._queue
+            cycle.half_done(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else ENV_RAISED)
+            raise
+        for record in records:
+            self._records[record[0]] = StepRecord._make(record)
+        return rows
+
+    def wait_finished(self, count: int, timeout: float) -> bool:
+        """Whether `count` envs are queued, the next recv() steps them
+        (waiting up to `timeout` seconds for another thread's send())."""
+        self._engine.cycle.check_usable()
+        deadline = time.monotonic() + timeout
+        while len(self._queue) < count and time.monotonic() < deadline:
+            time.sleep(self.POLL_S)
+        return len(self._queue) >= count
+
+    def records(self, rows: list[int]) -> list[StepRecord]:
+        """The records of the envs of `rows` that have one (most steps have none)."""
+        if not self._records:
+            return []
+        return [self._records.pop(row) for row in rows if row in self._records]

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from shmvec._engine.system import allowed_cpu_ids, usable_cpus
+from shmvec._engine.system import allowed_cpu_ids, cpus_busy_elsewhere, usable_cpus
 
 __all__ = ["START_METHODS", "check_options", "default_num_workers", "plan_slices", "split_slices", "check_pin_workers",
            "check_observation_spaces"]
@@ -18,12 +18,17 @@ START_METHODS = ("fork", "forkserver", "spawn")
 
 
 def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False) -> int:
-    """One stepping process per usable CPU, the caller counting as one: it
-    steps a slice itself, or in async mode it runs the user's policy while
-    the workers step (CartPole x64, a torch MLP, 2 CPUs: one worker beside
-    the caller made 95k steps/s, two 73k, medians of 4 fresh processes)."""
-    slots = usable_cpus() - (1 if caller_steps or async_mode else 0)
-    cap = num_envs - (1 if caller_steps else 0)
+    """One stepping process per usable CPU that other programs leave idle,
+    the caller counting as one: it steps a slice itself, or in async mode it
+    runs the user's policy while the workers step (CartPole x64, a torch MLP,
+    2 CPUs: one worker beside the caller made 95k steps/s, two 73k, medians of
+    4 fresh processes). With no CPU idle for a worker, none: the caller steps
+    every env itself (in async mode too), one process and no handoffs, as
+    SyncVectorEnv (CartPole x64 beside two CPU hogs on 2 CPUs: 1.14-1.19x
+    SyncVectorEnv without a worker, 0.69-1.35x with one). `caller_steps`
+    False means the caller may not step (at least one worker then)."""
+    slots = usable_cpus() - cpus_busy_elsewhere() - (1 if caller_steps or async_mode else 0)
+    cap = num_envs - (1 if caller_steps and not async_mode else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
 
 
@@ -31,17 +36,22 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
                 async_mode: bool) -> tuple[int, bool]:
     """(num_workers, caller_steps) for `num_envs` envs.
 
-    Left to shmvec (``None``): one stepping process per CPU, the caller
+    Left to shmvec (``None``): one stepping process per idle CPU, the caller
     counting as one: it steps a slice (it would idle otherwise), except in
     async mode, where send() must return at once and the caller's CPU runs
-    the user's policy. With an explicit `num_workers`, every worker
-    gets at least one env, and the caller steps a slice of its own only if
-    envs are left after that (unless told otherwise)."""
+    the user's policy; there it steps envs only when it has no workers (all
+    of them, in recv()). With an explicit `num_workers`, every worker gets at
+    least one env, and the caller steps a slice of its own only if envs are
+    left after that (unless told otherwise)."""
     if num_workers is not None and num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} is more than the {num_envs} envs: "
                          "each worker needs at least one env")
-    if caller_steps is None:
-        caller_steps = not async_mode and (num_workers is None or num_workers < num_envs)
+    if async_mode:
+        if num_workers is None:
+            num_workers = default_num_workers(num_envs, caller_steps is not False, async_mode)
+        caller_steps = num_workers == 0
+    elif caller_steps is None:
+        caller_steps = num_workers is None or num_workers < num_envs
     if num_workers is None:
         num_workers = default_num_workers(num_envs, caller_steps, async_mode)
     if caller_steps and num_workers >= num_envs:
@@ -128,8 +138,11 @@ def check_options(env_fns: Sequence, num_workers: Any, caller_steps: Any, async_
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
     check_pin_workers(pin_workers)
-    if async_mode and caller_steps:
-        raise ValueError("in async mode the caller cannot step envs itself: use caller_steps=False")
+    if async_mode and caller_steps and num_workers != 0:
+        raise ValueError("in async mode the caller steps envs itself only without workers (num_workers=0): "
+                         "use caller_steps=False, or num_workers=0")
+    if async_mode and caller_steps is False and num_workers == 0:
+        raise ValueError("num_workers=0 needs caller_steps=True (someone has to step the envs)")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, (int, np.integer)) or max_restarts < 0:
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     seconds = -1.0 if timeout is None or timeout == float("inf") else float(timeout)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 
-__all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu", "runnable_threads", "PARENT_ONLY_FDS",
-           "close_arena_fds"]
+__all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu", "runnable_threads", "cpus_busy_elsewhere",
+           "PARENT_ONLY_FDS", "close_arena_fds"]
 
 # Fds that only the front end may hold (parent-pipe write ends, CPU
 # reservations) of every live engine in this process. All are close-on-exec
@@ -98,6 +99,55 @@ def runnable_threads() -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
+    """(idle, total) clock ticks of each CPU in `cpus` so far, from /proc/stat."""
+    times = {}
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if not line.startswith(b"cpu") or line[3:4] == b" ":
+                continue
+            name, *fields = line.split()
+            cpu = int(name[3:])
+            if cpu in cpus:
+                ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+                times[cpu] = (ticks[3] + ticks[4], sum(ticks))
+    return times
+
+
+def cpus_busy_elsewhere(window_s: float = 0.05) -> int:
+    """How many of this process's CPUs other threads keep busy now.
+
+    Stepping processes beyond the idle CPUs only slow each other down: they
+    wait for each other at every step, and each wait for one that another
+    program holds off its CPU costs a whole scheduler slice. First a free
+    look: if no other thread is running or ready (``procs_running``, three
+    samples), none. Otherwise each CPU's idle time over `window_s`, this
+    thread asleep meanwhile: CPUs busy more than half of it count. Under a
+    CPU quota smaller than the affinity mask (a container's share of a larger
+    host) the other CPUs' load says nothing about ours: 0, as when /proc is
+    unreadable."""
+    cpus = set(allowed_cpu_ids())
+    if not IS_LINUX or usable_cpus() < len(cpus):
+        return 0
+    try:
+        for _ in range(3):
+            running = runnable_threads()
+            if running is None or running <= 1:
+                return 0
+            time.sleep(0.001)
+        before = _cpu_times(cpus)
+        time.sleep(window_s)
+        after = _cpu_times(cpus)
+    except (OSError, ValueError):
+        return 0
+    busy = 0
+    for cpu, (idle, total) in after.items():
+        if cpu in before:
+            d_idle, d_total = idle - before[cpu][0], total - before[cpu][1]
+            busy += d_total > 0 and d_idle < d_total / 2
+    return busy
 
 
 def pin_to_cpu(cpu: int) -> None:
