@@ -24,9 +24,10 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     2 CPUs: one worker beside the caller made 95k steps/s, two 73k, medians of
     4 fresh processes). With no CPU idle for a worker, none: the caller steps
     every env itself (in async mode too), one process and no handoffs, as
-    SyncVectorEnv (CartPole x64 beside two CPU hogs on 2 CPUs: 1.14-1.19x
-    SyncVectorEnv without a worker, 0.69-1.35x with one). `caller_steps`
-    False means the caller may not step (at least one worker then)."""
+    SyncVectorEnv (CartPole x64 beside two CPU hogs on 2 CPUs, fresh
+    processes: 1.07-1.26x SyncVectorEnv without a worker, 0.64-1.35x with
+    one). `caller_steps` False: the caller may not step, so at least one
+    worker."""
     slots = usable_cpus() - cpus_busy_elsewhere() - (1 if caller_steps or async_mode else 0)
     cap = num_envs - (1 if caller_steps and not async_mode else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
