@@ -56,11 +56,12 @@ class AsyncSteps:
 
     def recv(self, count: int, discard: bool = False) -> list[int]:
         """Waits for `count` envs to finish; returns their rows in finishing
-        order (`discard`: their results will be dropped, which changes
-        nothing here: the workers step what they were sent). With restarts, a worker found dead or hung (now, or every
-        CHECK_EVERY_S while other envs keep coming) is replaced instead:
-        then it returns [] and the engine's `restarted_rows` says which envs
-        are new (the front end sends again those it had in flight)."""
+        order (`discard`, their results to be dropped, changes nothing: the
+        workers step what they were sent). With restarts, a worker found
+        dead or hung (now, or every CHECK_EVERY_S while other envs keep
+        coming) is replaced instead: then it returns [] and the engine's
+        `restarted_rows` says which envs are new (the front end sends again
+        those it had in flight)."""
         engine, pool = self._engine, self._pool
         engine.cycle.check_usable()
         engine.restarted_rows = []
