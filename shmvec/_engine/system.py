@@ -116,18 +116,19 @@ def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
     return times
 
 
-def cpus_busy_elsewhere(window_s: float = 0.05) -> int:
+def cpus_busy_elsewhere(window_s: float = 0.04, windows: int = 2) -> int:
     """How many of this process's CPUs other threads keep busy now.
 
     Stepping processes beyond the idle CPUs only slow each other down: they
     wait for each other at every step, and each wait for one that another
     program holds off its CPU costs a whole scheduler slice. First a free
     look: if no other thread is running or ready (``procs_running``, three
-    samples), none. Otherwise each CPU's idle time over `window_s`, this
-    thread asleep meanwhile: CPUs busy more than half of it count. Under a
-    CPU quota smaller than the affinity mask (a container's share of a larger
-    host) the other CPUs' load says nothing about ours: 0, as when /proc is
-    unreadable."""
+    samples), none. Otherwise each CPU's idle time over `windows` windows of
+    `window_s`, this thread asleep meanwhile: CPUs busy for three quarters
+    of every window count (a process that is starting or exiting is not a
+    steady load). Under a CPU quota smaller than the affinity mask (a
+    container's share of a larger host) the other CPUs' load says nothing
+    about ours: 0, as when /proc is unreadable."""
     cpus = set(allowed_cpu_ids())
     if not IS_LINUX or usable_cpus() < len(cpus):
         return 0
@@ -137,17 +138,22 @@ def cpus_busy_elsewhere(window_s: float = 0.05) -> int:
             if running is None or running <= 1:
                 return 0
             time.sleep(0.001)
+        busy = set(cpus)
         before = _cpu_times(cpus)
-        time.sleep(window_s)
-        after = _cpu_times(cpus)
+        for _ in range(windows):
+            time.sleep(window_s)
+            after = _cpu_times(cpus)
+            busy = {cpu for cpu in busy if cpu in before and cpu in after
+                    and _busy_share(before[cpu], after[cpu]) > 0.75}
+            before = after
     except (OSError, ValueError):
         return 0
-    busy = 0
-    for cpu, (idle, total) in after.items():
-        if cpu in before:
-            d_idle, d_total = idle - before[cpu][0], total - before[cpu][1]
-            busy += d_total > 0 and d_idle < d_total / 2
-    return busy
+    return len(busy)
+
+
+def _busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    idle, total = after[0] - before[0], after[1] - before[1]
+    return 1.0 - idle / total if total > 0 else 0.0
 
 
 def pin_to_cpu(cpu: int) -> None:
