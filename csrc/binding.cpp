@@ -158,6 +158,14 @@ class PyFrontChannel {
     const RecordSlot* slot = region().record(check_row(row));
     return py::make_tuple(slot->length, slot->is_error, slot->overflow);
   }
+  // The rows among `rows` whose async record is not empty (most steps have
+  // none): one call per recv() instead of one per env.
+  std::vector<uint32_t> rows_with_records(const std::vector<uint32_t>& rows) const {
+    std::vector<uint32_t> out;
+    for (uint32_t row : rows)
+      if (region().record(check_row(row))->length) out.push_back(row);
+    return out;
+  }
   py::bytes record_bytes(uint32_t row) const {
     const RecordSlot* slot = region().record(check_row(row));
     if (slot->overflow) throw std::logic_error("the record overflowed its slot");
@@ -364,7 +372,8 @@ PYBIND11_MODULE(_core, m) {
       .def("reset_async_worker", &PyFrontChannel::reset_async_worker, py::arg("worker"))
       .def("first_dead", &PyFrontChannel::first_dead, py::arg("sentinels"))
       .def("record", &PyFrontChannel::record, py::arg("row"))
-      .def("record_bytes", &PyFrontChannel::record_bytes, py::arg("row"));
+      .def("record_bytes", &PyFrontChannel::record_bytes, py::arg("row"))
+      .def("rows_with_records", &PyFrontChannel::rows_with_records, py::arg("rows"));
 
   py::class_<PyWorkerChannel>(m, "WorkerChannel")
       .def(py::init<std::shared_ptr<Mapping>, uint32_t, uint32_t, uint64_t, uint64_t, int>(),

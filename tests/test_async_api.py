@@ -239,7 +239,6 @@ def test_async_mode_leaves_the_caller_a_cpu_for_the_policy(monkeypatch, cpus):
     from shmvec._engine import plan
 
     monkeypatch.setattr(plan, "usable_cpus", lambda: cpus)
-    monkeypatch.setattr(plan, "cpus_busy_elsewhere", lambda: 0)
     assert plan.plan_slices(64, None, None, async_mode=True) == ((cpus - 1, False) if cpus > 1 else (0, True))
     assert plan.plan_slices(64, None, None, async_mode=False) == (max(0, cpus - 1), True)
 
@@ -252,9 +251,8 @@ def test_default_workers_leave_out_the_cpus_other_programs_keep_busy(monkeypatch
     from shmvec._engine import plan
 
     monkeypatch.setattr(plan, "usable_cpus", lambda: 16)
-    monkeypatch.setattr(plan, "cpus_busy_elsewhere", lambda: busy)
     idle_for_workers = max(0, 15 - busy)
-    assert plan.plan_slices(64, None, None, async_mode=False) == (idle_for_workers, True)
-    assert plan.plan_slices(64, None, None, async_mode=True) == (idle_for_workers, idle_for_workers == 0)
-    assert plan.plan_slices(64, None, False, async_mode=True) == (max(1, idle_for_workers), False)
-    assert plan.plan_slices(64, 4, None, async_mode=False) == (4, True)  # an explicit count stands
+    assert plan.plan_slices(64, None, None, async_mode=False, busy_cpus=busy) == (idle_for_workers, True)
+    assert plan.plan_slices(64, None, None, async_mode=True, busy_cpus=busy) == (idle_for_workers, idle_for_workers == 0)
+    assert plan.plan_slices(64, None, False, async_mode=True, busy_cpus=busy) == (max(1, idle_for_workers), False)
+    assert plan.plan_slices(64, 4, None, async_mode=False, busy_cpus=busy) == (4, True)  # an explicit count stands

@@ -23,15 +23,13 @@ CPUS = [0, 1, 2, 3]  # what choose_cpus believes it may use, whatever this machi
 @pytest.fixture
 def tmpdir_only(tmp_path, monkeypatch):
     """TMPDIR (and tempfile's cached copy) point into tmp_path; no XDG_RUNTIME_DIR;
-    an idle machine of CPUS ("auto" does not pin on a busy one, and a CI
-    machine running other suites is busy)."""
+    a machine of CPUS (choose_cpus is told how many are busy: none by default)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setattr(cpus, "allowed_cpu_ids", lambda: list(CPUS))
-    monkeypatch.setattr(cpus, "runnable_threads", lambda: 0)
     return tmp
 
 
@@ -167,16 +165,14 @@ def test_default_env_starts_unpinned_despite_a_planted_file(tmpdir_only, monkeyp
 
 
 def test_auto_does_not_pin_on_a_busy_machine(monkeypatch, tmp_path):
-    """A pinned worker cannot leave a core another program takes: with more
-    runnable threads than CPUs, "auto" leaves scheduling to the kernel."""
+    """A pinned worker cannot leave a core another program takes: with a CPU
+    kept busy by another program, "auto" leaves scheduling to the kernel."""
     from shmvec._engine import cpus
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     monkeypatch.setattr(cpus, "allowed_cpu_ids", lambda: [0, 1])
-    monkeypatch.setattr(cpus, "runnable_threads", lambda: 5)
-    assert cpus.choose_cpus(1, "auto", leave_free=1) == ([None], [])
-    monkeypatch.setattr(cpus, "runnable_threads", lambda: 1)
-    chosen, fds = cpus.choose_cpus(1, "auto", leave_free=1)
+    assert cpus.choose_cpus(1, "auto", leave_free=1, busy_cpus=1) == ([None], [])
+    chosen, fds = cpus.choose_cpus(1, "auto", leave_free=1, busy_cpus=0)
     try:
         assert chosen == [1]
     finally:

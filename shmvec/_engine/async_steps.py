@@ -114,7 +114,7 @@ class AsyncSteps:
     def records(self, rows: list[int]) -> list[StepRecord]:
         """The records of the envs of `rows` that have one, in that order
         (see record())."""
-        return [record for record in map(self.record, rows) if record is not None]
+        return [self.record(row) for row in self._channel.rows_with_records(rows)]
 
     def record(self, row: int) -> StepRecord | None:
         """The record of an env's last async step (None if it has none);

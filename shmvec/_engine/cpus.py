@@ -18,7 +18,7 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 
-from shmvec._engine.system import PARENT_ONLY_FDS, allowed_cpu_ids, runnable_threads
+from shmvec._engine.system import PARENT_ONLY_FDS, allowed_cpu_ids
 
 __all__ = ["choose_cpus"]
 
@@ -95,15 +95,17 @@ def _release(fds: list[int]) -> None:
         os.close(fd)
 
 
-def choose_cpus(count: int, pin: bool | str | Sequence[int], leave_free: int) -> tuple[list[int | None], list[int]]:
+def choose_cpus(count: int, pin: bool | str | Sequence[int], leave_free: int,
+                busy_cpus: int = 0) -> tuple[list[int | None], list[int]]:
     """CPUs for `count` workers, and the lock fds that reserve them.
 
     - ``False``: no pinning.
     - a list: those CPUs, as given (no reservation).
     - ``"auto"``: pin only if every worker gets a CPU that no other shmvec
-      vector env holds, with `leave_free` CPUs left for the caller, and the
-      machine is not busy (no more runnable threads than CPUs): a pinned
-      worker cannot move away from a core that another program takes.
+      vector env holds, with `leave_free` CPUs left for the caller, and no
+      CPU is kept busy by other programs (`busy_cpus`, from
+      system.cpus_busy_elsewhere): a pinned worker cannot move away from a
+      core that another program takes.
       Otherwise leave scheduling to the kernel.
     - ``True``: pin; free CPUs first, then shared ones if there are too few.
 
@@ -117,7 +119,7 @@ def choose_cpus(count: int, pin: bool | str | Sequence[int], leave_free: int) ->
             raise ValueError(f"pin_workers lists {len(pin)} CPUs for {count} workers")
         return list(pin)[:count], []
     allowed = sorted(allowed_cpu_ids(), reverse=True)  # from the top: CPU 0 takes most interrupts
-    if pin == "auto" and (runnable_threads() or 0) > len(allowed):
+    if pin == "auto" and busy_cpus:
         return [None] * count, []
     chosen, fds = [], []
     try:

@@ -27,7 +27,7 @@ from shmvec._engine.info_columns import InfoColumns
 from shmvec._engine.layout import DataLayout
 from shmvec._engine.plan import check_observation_spaces, check_options, plan_slices, split_slices
 from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool
-from shmvec._engine.system import IS_LINUX
+from shmvec._engine.system import IS_LINUX, cpus_busy_elsewhere
 from shmvec._engine.torch_threads import TorchThreads
 from shmvec._engine.torch_threads import check_setting as check_torch_threads
 from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY, Transport
@@ -70,7 +70,9 @@ class Engine(CommandRunner):
         self.cycle = cycle or CommandCycle(lambda: ShmVecError("this shmvec engine is closed"))
         self.num_envs = len(env_fns)
         self.async_mode = async_mode
-        num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode)
+        # Looked at once (it may take 80 ms on a busy machine), for both choices that depend on it.
+        busy_cpus = cpus_busy_elsewhere() if num_workers is None or pin_workers == "auto" else 0
+        num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode, busy_cpus)
         self.num_workers = num_workers
         # Released by close(), or when the engine is collected unclosed.
         self._torch_threads = weakref.finalize(self, TorchThreads(torch_threads, num_workers).release)
@@ -85,7 +87,7 @@ class Engine(CommandRunner):
         self.transport: Transport | None = None
         self.async_steps: AsyncSteps | CallerSteps | None = None  # send/recv, in async mode
         try:
-            self._start(env_fns, pin_workers, leave_free=1 if caller_steps or async_mode else 0)
+            self._start(env_fns, pin_workers, leave_free=1 if caller_steps or async_mode else 0, busy_cpus=busy_cpus)
             if caller_rows is not None:
                 factories = [env_fns[i] for i in caller_rows]
                 self._caller = EnvSlice(make_envs(factories, caller_rows.start), caller_rows.start)
@@ -121,7 +123,7 @@ class Engine(CommandRunner):
 
     # -- set-up -------------------------------------------------------------
 
-    def _start(self, env_fns, pin_workers, leave_free: int) -> None:
+    def _start(self, env_fns, pin_workers, leave_free: int, busy_cpus: int) -> None:
         w = self.num_workers
         self._fixed_size = fixed = _core.fixed_region_size(w, REQUEST_CAPACITY, REPLY_CAPACITY)
         self.pool.fds[1] = _core.create_shared_file(fixed)
@@ -129,7 +131,7 @@ class Engine(CommandRunner):
         self._channel = _core.FrontChannel(self._boot, w, REQUEST_CAPACITY, REPLY_CAPACITY, True)
         self.transport = Transport(self._channel, self._boot, w, self.pool.wait)
         factories = [cloudpickle.dumps([env_fns[i] for i in rows]) for rows in self.worker_rows]
-        self.pool.start(self._channel, fixed, factories, pin_workers, leave_free)
+        self.pool.start(self._channel, fixed, factories, pin_workers, leave_free, busy_cpus)
         if w:
             self._channel.post(list(range(w)), P.DESCRIBE)
 

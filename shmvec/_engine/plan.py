@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from shmvec._engine.system import allowed_cpu_ids, cpus_busy_elsewhere, usable_cpus
+from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
 __all__ = ["START_METHODS", "check_options", "default_num_workers", "plan_slices", "split_slices", "check_pin_workers",
            "check_observation_spaces"]
@@ -17,8 +17,9 @@ __all__ = ["START_METHODS", "check_options", "default_num_workers", "plan_slices
 START_METHODS = ("fork", "forkserver", "spawn")
 
 
-def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False) -> int:
-    """One stepping process per usable CPU that other programs leave idle,
+def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False, busy_cpus: int = 0) -> int:
+    """One stepping process per usable CPU that other programs leave idle
+    (`busy_cpus`: those they keep busy, from system.cpus_busy_elsewhere),
     the caller counting as one: it steps a slice itself, or in async mode it
     runs the user's policy while the workers step (CartPole x64, a torch MLP,
     2 CPUs: one worker beside the caller made 95k steps/s, two 73k, medians of
@@ -28,13 +29,13 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     processes: 1.07-1.26x SyncVectorEnv without a worker, 0.64-1.35x with
     one). `caller_steps` False: the caller may not step, so at least one
     worker."""
-    slots = usable_cpus() - cpus_busy_elsewhere() - (1 if caller_steps or async_mode else 0)
+    slots = usable_cpus() - busy_cpus - (1 if caller_steps or async_mode else 0)
     cap = num_envs - (1 if caller_steps and not async_mode else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
 
 
 def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None,
-                async_mode: bool) -> tuple[int, bool]:
+                async_mode: bool, busy_cpus: int = 0) -> tuple[int, bool]:
     """(num_workers, caller_steps) for `num_envs` envs.
 
     Left to shmvec (``None``): one stepping process per idle CPU, the caller
@@ -49,12 +50,12 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
                          "each worker needs at least one env")
     if async_mode:
         if num_workers is None:
-            num_workers = default_num_workers(num_envs, caller_steps is not False, async_mode)
+            num_workers = default_num_workers(num_envs, caller_steps is not False, async_mode, busy_cpus)
         caller_steps = num_workers == 0
     elif caller_steps is None:
         caller_steps = num_workers is None or num_workers < num_envs
     if num_workers is None:
-        num_workers = default_num_workers(num_envs, caller_steps, async_mode)
+        num_workers = default_num_workers(num_envs, caller_steps, async_mode, busy_cpus)
     if caller_steps and num_workers >= num_envs:
         raise ValueError(f"caller_steps=True needs an env for the caller besides one per worker: "
                          f"{num_envs} envs for num_workers={num_workers}")

@@ -67,7 +67,7 @@ class WorkerPool:
     # -- start ------------------------------------------------------------------
 
     def start(self, channel: _core.FrontChannel, fixed_size: int, factories: list[bytes], pin_workers,
-              leave_free: int) -> None:
+              leave_free: int, busy_cpus: int) -> None:
         """Starts every worker over the arena (its memfd is ``fds[1]``); each
         then waits for its first command."""
         self.channel = channel
@@ -79,7 +79,7 @@ class WorkerPool:
         # write end. We keep the read end too, for workers started later.
         self.fds[2], self.fds[0] = os.pipe()
         PARENT_ONLY_FDS.add(self.fds[0])
-        cpus, locks = choose_cpus(self.num_workers, pin_workers, leave_free=leave_free)
+        cpus, locks = choose_cpus(self.num_workers, pin_workers, leave_free=leave_free, busy_cpus=busy_cpus)
         self.cpus[:] = cpus
         self.fds += locks  # closed at shutdown, which frees the CPUs
         PARENT_ONLY_FDS.update(locks)
