@@ -90,10 +90,17 @@ def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pe
     ids = np.asarray(env_ids)
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
-    if ids.size and (ids.min() < 0 or ids.max() >= num_envs):
-        raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
-    if ids.size > 1 and np.bincount(ids.astype(np.intp, copy=False), minlength=num_envs).max() > 1:  # no sort, unlike np.unique
-        raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
+    if ids.size:
+        # One reduction and one count (send()'s path): the max first, so that
+        # bincount never sizes its counts by a huge id; it refuses negative ones.
+        try:
+            counts = None if ids.max() >= num_envs else np.bincount(ids.astype(np.intp, copy=False))
+        except ValueError:
+            counts = None
+        if counts is None:
+            raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
+        if counts.max() > 1:  # no sort, unlike np.unique
+            raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
     busy = ids[in_flight[ids]]
     if busy.size:
         raise ValueError(f"envs {busy.tolist()} are already in flight: recv() them before sending again")

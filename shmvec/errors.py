@@ -1,12 +1,15 @@
-"""Exceptions raised by shmvec."""
+"""Exceptions and warnings raised by shmvec."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import sys
+import warnings
 
 __all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError", "ShmVecTimeoutError", "PerformanceWarning",
-           "describe_exit"]
+           "describe_exit", "warn_performance"]
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -34,6 +37,18 @@ class ShmVecError(RuntimeError):
 class PerformanceWarning(UserWarning):
     """shmvec runs, but a setting of the program makes it slower than it
     could be; the message gives the setting."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_performance(message: str) -> None:
+    """A PerformanceWarning pointing at the user's line (the first caller
+    outside shmvec, however deep the front end that made the env)."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, PerformanceWarning, stacklevel=level)
 
 
 class ShmVecTimeoutError(multiprocessing.TimeoutError, TimeoutError):

@@ -62,7 +62,7 @@ class SendRecv:
         order they finished; ``infos["env_id"]`` says which envs they are."""
         self._cycle.check_usable()
         check_async(self, "recv")
-        available = len(self._reset_ready) + int(self._in_flight.sum())
+        available = len(self._reset_ready) + int(np.count_nonzero(self._in_flight))
         if available < self.batch_size:
             raise RuntimeError(
                 f"recv() needs {self.batch_size} envs in flight, but only {available} are: "

@@ -64,6 +64,8 @@ def vectorize(target: VectorEnv, io: BatchIO, records: list[StepRecord],
 def vectorize_batch(io: BatchIO, records: list[StepRecord], rows: list[int]) -> dict[str, Any]:
     """Like vectorize, for a batch of async results: `rows` are the batch's
     envs in their order in it."""
+    if not records:  # most batches: no env returned infos
+        return {}
     batch = _InfoBatch(len(rows))
     position = {row: i for i, row in enumerate(rows)}
     infos: dict[str, Any] = {}

@@ -256,3 +256,26 @@ def test_default_workers_leave_out_the_cpus_other_programs_keep_busy(monkeypatch
     assert plan.plan_slices(64, None, None, async_mode=True, busy_cpus=busy) == (idle_for_workers, idle_for_workers == 0)
     assert plan.plan_slices(64, None, False, async_mode=True, busy_cpus=busy) == (max(1, idle_for_workers), False)
     assert plan.plan_slices(64, 4, None, async_mode=False, busy_cpus=busy) == (4, True)  # an explicit count stands
+
+
+def test_fewer_workers_for_busy_cpus_are_said_with_the_setting_that_restores_them(monkeypatch):
+    # The busy-CPU choice lasts for the env's life and is otherwise
+    # invisible: a PerformanceWarning names it, at the user's line, with
+    # the num_workers that an idle machine gets; an explicit count is quiet.
+    from shmvec._engine import engine, plan
+
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(engine, "cpus_busy_elsewhere", lambda: 1)
+    with pytest.warns(shmvec.PerformanceWarning, match=r"1 of this process's 2 CPUs kept busy .* runs 0 worker "
+                      r"processes instead of 1 .* num_workers=1 to run them anyway") as caught:
+        envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4)
+    try:
+        assert envs.num_workers == 0
+        assert [w.filename for w in caught] == [__file__]  # the user's line, not shmvec's
+    finally:
+        envs.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=1).close()
+    assert not [w for w in caught if "kept busy" in str(w.message)]
+    assert plan.fewer_workers_note(4, 1, True, False, busy_cpus=0) is None  # an idle machine: nothing to say

@@ -85,6 +85,17 @@ def test_json_records_the_options_really_used(tmp_path, flags, pin_workers, clos
     assert "workers" not in runs["sync"] and "pinned" not in runs["sync"]
 
 
+def test_shmvec_unpinned_row_runs_the_same_env_with_workers_unpinned(tmp_path):
+    # Pinned and unpinned side by side in one run: the measurement behind
+    # the pin_workers default.
+    out = tmp_path / "out.json"
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "3", "--backends", "shmvec,shmvec-unpinned",
+                 "--workers", "1", "--json", str(out), *FAST) == 0
+    runs = {r["backend"]: r for r in json.loads(out.read_text())["results"]}
+    assert runs["shmvec-unpinned"]["pinned"] is False
+    assert runs["shmvec-unpinned"]["workers"] == runs["shmvec"]["workers"] == 1
+
+
 def test_json_records_workers_given(tmp_path):
     out = tmp_path / "out.json"
     assert bench("shmvec.testing:NoopEnv", "--num-envs", "3", "--backends", "shmvec", "--workers", "2",
@@ -115,7 +126,7 @@ def test_an_env_that_fails_is_a_note_not_a_crash(capsys):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--backends", "shmvec,nope"], "unknown backend 'nope'; choose from shmvec, shmvec-async, sync, async"),
+    (["--backends", "shmvec,nope"], "unknown backend 'nope'; choose from shmvec, shmvec-async, shmvec-unpinned, sync, async"),
     (["NoSuchEnv-v0"], "'NoSuchEnv-v0' is not a registered gymnasium env id"),
     (["shmvec.testing:NoSuchEnv"], "shmvec.testing has no callable 'NoSuchEnv' and registers no env id"),
     (["shmvec_no_such_module:Env"], "cannot import 'shmvec_no_such_module'"),

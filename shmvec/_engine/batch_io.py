@@ -177,6 +177,8 @@ class BatchIO:
 
     def observations_at(self, rows: np.ndarray) -> Any:
         """The observations of some envs (a batch of async results), copied."""
+        if self._single_obs:
+            return self.obs_views[0][rows]  # fancy indexing copies
         values = []
         for view, objects in zip(self.obs_views, self._object_obs):
             if view is None:

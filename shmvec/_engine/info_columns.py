@@ -86,7 +86,7 @@ class InfoColumns:
         flags = self.flags
         if not flags[flags.argmax()]:  # most envs return no infos at all (argmax: no Python-level numpy call)
             return {}
-        mask = self.flags.astype(np.bool_)
+        mask = flags.astype(np.bool_)
         columns = self._columns
         if columns is None:  # until every slice has shown its schema
             used = [k for k, rows in enumerate(self._slices) if mask[rows.start:rows.stop].any()]
@@ -94,7 +94,7 @@ class InfoColumns:
             if any(self._schema(k) != schema for k in used[1:]):
                 return None
             columns = self._columns_of(schema)
-        absent = None if mask.all() else ~mask
+        absent = None if flags[flags.argmin()] else ~mask  # every env had columns: nothing to zero
         infos: dict[str, Any] = {}
         for key, mask_key, cells, dtype in columns:
             values = cells.astype(dtype)

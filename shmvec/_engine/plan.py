@@ -11,7 +11,7 @@ import numpy as np
 
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
-__all__ = ["START_METHODS", "check_options", "default_num_workers", "plan_slices", "split_slices", "check_pin_workers",
+__all__ = ["START_METHODS", "check_options", "default_num_workers", "fewer_workers_note", "plan_slices", "split_slices", "check_pin_workers",
            "check_observation_spaces"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
@@ -32,6 +32,21 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     slots = usable_cpus() - busy_cpus - (1 if caller_steps or async_mode else 0)
     cap = num_envs - (1 if caller_steps and not async_mode else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
+
+
+def fewer_workers_note(num_envs: int, num_workers: int, caller_steps: bool, async_mode: bool,
+                       busy_cpus: int) -> str | None:
+    """Says so when CPUs kept busy by other programs left the default with
+    fewer workers than an idle machine would get (the choice is otherwise
+    invisible, and lasts for the env's life); None if they did not."""
+    idle_default = default_num_workers(num_envs, caller_steps, async_mode)
+    if not busy_cpus or num_workers >= idle_default:
+        return None
+    stepping = "the caller steps every env itself" if num_workers == 0 else "the caller steps a slice beside them"
+    return (f"shmvec found {busy_cpus} of this process's {usable_cpus()} CPUs kept busy by other programs, so it "
+            f"runs {num_workers} worker processes instead of {idle_default} ({stepping}): processes beyond the "
+            f"idle CPUs wait for each other at every step. It looked once, when the env was made; pass "
+            f"num_workers={idle_default} to run them anyway.")
 
 
 def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None,

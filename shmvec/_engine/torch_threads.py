@@ -14,10 +14,9 @@ Only a torch already imported is touched: shmvec never imports it.
 from __future__ import annotations
 
 import sys
-import warnings
 
 from shmvec._engine.system import usable_cpus
-from shmvec.errors import PerformanceWarning
+from shmvec.errors import warn_performance
 
 __all__ = ["TorchThreads", "check_setting"]
 
@@ -44,7 +43,7 @@ def _warn_once(message: str) -> None:
     global _told
     if not _told:
         _told = True
-        warnings.warn(message, PerformanceWarning, stacklevel=5)
+        warn_performance(message)
 
 
 class TorchThreads:

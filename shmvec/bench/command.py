@@ -93,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave shmvec's workers unpinned (default: pin_workers=\"auto\")")
     parser.add_argument("--backends", type=_backends, default=None, metavar="NAME,...",
                         help=f"what to compare (default: all that are installed and can run the env: "
-                             f"{','.join(PEERS)}; shmvec-async with --async-batch)")
+                             f"{','.join(p for p in PEERS if p != 'shmvec-unpinned')}; shmvec-async with "
+                             "--async-batch; shmvec-unpinned, pin_workers=False, only when named)")
     parser.add_argument("--seconds", type=_positive, default=DEFAULT_SECONDS, metavar="S",
                         help=f"timed stepping per measurement, after a warm-up (default: {DEFAULT_SECONDS})")
     parser.add_argument("--passes", type=_count, default=DEFAULT_PASSES, metavar="P",
@@ -122,8 +123,9 @@ def run(args: argparse.Namespace) -> int:
     if args.atari and not any(passes.in_atari_pipeline(args, spec) for spec in specs):
         print("error: --atari takes ALE ids (such as ALE/Pong-v5)", file=sys.stderr)
         return 2
-    if args.backends is None:  # all, shmvec-async only when --async-batch asks for it
-        args.backends = [name for name in PEERS if name != "shmvec-async" or args.async_batch]
+    if args.backends is None:  # all, shmvec-async only when --async-batch asks for it, shmvec-unpinned when named
+        args.backends = [name for name in PEERS
+                         if name != "shmvec-unpinned" and (name != "shmvec-async" or args.async_batch)]
     cpus = usable_cpus()
     specs, jobs, notes = passes.plan(specs, args)
     limit_runs, measured = passes.measure_all(specs, jobs, args, notes)

@@ -25,6 +25,8 @@ def shmvec_options(args: argparse.Namespace) -> dict:
 def _options(args: argparse.Namespace, peer: str) -> dict:
     if peer == "shmvec-async":
         return {**shmvec_options(args), "batch_size": args.async_batch}
+    if peer == "shmvec-unpinned":
+        return {**shmvec_options(args), "pin_workers": False}
     return shmvec_options(args) if PEERS[peer].takes_options else {}
 
 

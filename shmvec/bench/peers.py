@@ -209,6 +209,8 @@ PEERS: dict[str, Peer] = {p.name: p for p in [
     Peer("shmvec", "shmvec ShmVecEnv", _shmvec, takes_options=True),
     # async send/recv, batch_size < num_envs (the bench passes it)
     Peer("shmvec-async", "shmvec ShmVecEnv, async recv/send", _shmvec, takes_options=True),
+    # pin_workers=False beside the default "auto" in one run (the bench passes it)
+    Peer("shmvec-unpinned", "shmvec ShmVecEnv, workers unpinned", _shmvec, takes_options=True),
     Peer("sync", "gymnasium SyncVectorEnv", _sync),
     Peer("async", "gymnasium AsyncVectorEnv", _async, max_envs=PROCESS_PER_ENV_CAP),
     Peer("dummy", "SB3 DummyVecEnv", _dummy, **_SB3),
