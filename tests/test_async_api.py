@@ -271,7 +271,8 @@ def test_fewer_workers_for_busy_cpus_are_said_with_the_setting_that_restores_the
         envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4)
     try:
         assert envs.num_workers == 0
-        assert [w.filename for w in caught] == [__file__]  # the user's line, not shmvec's
+        said = [w for w in caught if "kept busy" in str(w.message)]
+        assert [w.filename for w in said] == [__file__]  # once, at the user's line, not shmvec's
     finally:
         envs.close()
     with warnings.catch_warnings(record=True) as caught:

@@ -11,8 +11,8 @@ import numpy as np
 
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
-__all__ = ["START_METHODS", "check_options", "default_num_workers", "fewer_workers_note", "plan_slices", "split_slices", "check_pin_workers",
-           "check_observation_spaces"]
+__all__ = ["START_METHODS", "check_options", "default_num_workers", "fewer_workers_note", "plan_slices", "split_slices",
+           "check_pin_workers", "check_observation_spaces"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
 
