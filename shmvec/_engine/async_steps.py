@@ -162,13 +162,14 @@ class CallerSteps:
         cycle = self._engine.cycle
         cycle.check_usable()
         self._engine.restarted_rows = []
-        rows, self._queue = self._queue[:count], self._queue[count:]
+        rows = self._queue[:count]
+        del self._queue[:count]  # in place: no copy of the envs still queued
         if discard:
             return rows
         try:
             records = self._envs.step_rows(rows)
         except BaseException as exc:
-            self._queue = rows + self._queue
+            self._queue[:0] = rows
             cycle.half_done(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else ENV_RAISED)
             raise
         for record in records:

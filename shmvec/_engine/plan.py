@@ -66,7 +66,8 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
     if async_mode:
         if num_workers is None:
             num_workers = default_num_workers(num_envs, caller_steps is not False, async_mode, busy_cpus)
-        caller_steps = num_workers == 0
+        if caller_steps is None:
+            caller_steps = num_workers == 0
     elif caller_steps is None:
         caller_steps = num_workers is None or num_workers < num_envs
     if num_workers is None:
@@ -158,8 +159,6 @@ def check_options(env_fns: Sequence, num_workers: Any, caller_steps: Any, async_
     if async_mode and caller_steps and num_workers != 0:
         raise ValueError("in async mode the caller steps envs itself only without workers (num_workers=0): "
                          "use caller_steps=False, or num_workers=0")
-    if async_mode and caller_steps is False and num_workers == 0:
-        raise ValueError("num_workers=0 needs caller_steps=True (someone has to step the envs)")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, (int, np.integer)) or max_restarts < 0:
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     seconds = -1.0 if timeout is None or timeout == float("inf") else float(timeout)
