@@ -261,11 +261,11 @@ def test_default_workers_leave_out_the_cpus_other_programs_keep_busy(monkeypatch
 def test_fewer_workers_for_busy_cpus_are_said_with_the_setting_that_restores_them(monkeypatch):
     # The busy-CPU choice lasts for the env's life and is otherwise
     # invisible: a PerformanceWarning names it, at the user's line, with
-    # the num_workers that an idle machine gets; an explicit count is quiet.
+    # the num_workers that an idle machine gets.
     from shmvec._engine import engine, plan
 
     monkeypatch.setattr(plan, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(engine, "cpus_busy_elsewhere", lambda: 1)
+    monkeypatch.setattr(engine, "cpus_busy_elsewhere", lambda own_pids=(): 1)
     with pytest.warns(shmvec.PerformanceWarning, match=r"1 of this process's 2 CPUs kept busy .* runs 0 worker "
                       r"processes instead of 1 .* num_workers=1 to run them anyway") as caught:
         envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4)
@@ -275,8 +275,38 @@ def test_fewer_workers_for_busy_cpus_are_said_with_the_setting_that_restores_the
         assert [w.filename for w in said] == [__file__]  # once, at the user's line, not shmvec's
     finally:
         envs.close()
+    assert plan.busy_cpus_note(4, None, 1, True, False, busy_cpus=0) is None  # an idle machine: nothing to say
+
+
+def test_explicit_workers_beyond_the_idle_cpus_are_warned_with_the_setting_that_runs_faster(monkeypatch):
+    # An explicit count stands, but beside busy CPUs the processes beyond
+    # the idle ones wait for each other's turns at every step: one
+    # PerformanceWarning at the user's line says so and what shmvec would
+    # run instead. Counts the idle CPUs hold are quiet.
+    from shmvec._engine import engine, plan
+
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(engine, "cpus_busy_elsewhere", lambda own_pids=(): 1)
+    with pytest.warns(shmvec.PerformanceWarning, match=r"1 of this process's 2 CPUs kept busy .* num_workers=1 "
+                      r"runs more processes than .* unset, shmvec runs 0 worker processes here "
+                      r"\(the caller steps every env itself\)") as caught:
+        envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=1)
+    try:
+        assert envs.num_workers == 1  # the user's count stands
+        said = [w for w in caught if "kept busy" in str(w.message)]
+        assert [w.filename for w in said] == [__file__]
+    finally:
+        envs.close()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=1).close()
+        shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=0).close()
     assert not [w for w in caught if "kept busy" in str(w.message)]
-    assert plan.fewer_workers_note(4, 1, True, False, busy_cpus=0) is None  # an idle machine: nothing to say
+    # 4 CPUs, 1 busy: two workers and the caller fit, a third worker does not
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 4)
+    assert plan.busy_cpus_note(64, 2, 2, True, False, busy_cpus=1) is None
+    assert "num_workers=3 runs more" in plan.busy_cpus_note(64, 3, 3, True, False, busy_cpus=1)
+    assert "num_workers=3 runs more" in plan.busy_cpus_note(64, 3, 3, False, False, busy_cpus=1)
+    assert plan.busy_cpus_note(64, 3, 3, True, False, busy_cpus=0) is None  # an idle machine holds them
+    # async mode: the caller runs the policy, the workers step
+    assert plan.busy_cpus_note(64, 2, 2, False, True, busy_cpus=1) is None
+    assert "num_workers=3 runs more" in plan.busy_cpus_note(64, 3, 3, False, True, busy_cpus=1)

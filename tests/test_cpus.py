@@ -208,3 +208,46 @@ def _spin_on(cpu: int, spinning) -> None:
     spinning.set()
     while True:
         pass
+
+
+def test_shmvec_workers_are_not_counted_as_other_programs():
+    """The busy-CPU check leaves out shmvec's own workers (`own_pids`): a
+    spinning process named there is not another program's load."""
+    import multiprocessing as mp
+
+    from shmvec._engine.system import cpus_busy_elsewhere, usable_cpus
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if usable_cpus() < len(allowed):
+        pytest.skip("a CPU quota below the affinity mask: busy CPUs are not counted (see cpus_busy_elsewhere)")
+    ctx = mp.get_context("fork")
+    spinning = ctx.Event()
+    hog = ctx.Process(target=_spin_on, args=(allowed[-1], spinning), daemon=True)
+    hog.start()
+    try:
+        assert spinning.wait(10), hog.exitcode
+        assert cpus_busy_elsewhere() == 1
+        assert cpus_busy_elsewhere(own_pids=[hog.pid]) == 0
+    finally:
+        hog.kill()
+        hog.join()
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_a_second_env_made_at_once_gets_the_workers_of_the_first(start_method):
+    """A train env and then an eval env, made one after the other, get the
+    same default worker count: the first env's workers, which start with a
+    burst of CPU (OpenBLAS starts a thread that spins for about 100 ms when
+    a worker caps its threads), are not another program keeping a CPU busy."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = shmvec.ShmVecEnv([lambda: FaultEnv()] * 8, start_method=start_method)
+        try:
+            second = shmvec.ShmVecEnv([lambda: FaultEnv()] * 8, start_method=start_method)
+            try:
+                assert second.num_workers == first.num_workers
+            finally:
+                second.close()
+        finally:
+            first.close()
+    assert not [w for w in caught if "kept busy" in str(w.message)]

@@ -25,9 +25,9 @@ from shmvec._engine.cycle import CommandCycle, Phase
 from shmvec._engine.env_slice import EnvSlice, make_envs
 from shmvec._engine.info_columns import InfoColumns
 from shmvec._engine.layout import DataLayout
-from shmvec._engine.plan import (check_observation_spaces, check_options, fewer_workers_note, plan_slices,
+from shmvec._engine.plan import (busy_cpus_note, check_observation_spaces, check_options, plan_slices,
                                  split_slices)
-from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool
+from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool, live_worker_pids
 from shmvec._engine.system import IS_LINUX, cpus_busy_elsewhere
 from shmvec._engine.torch_threads import TorchThreads
 from shmvec._engine.torch_threads import check_setting as check_torch_threads
@@ -71,14 +71,13 @@ class Engine(CommandRunner):
         self.cycle = cycle or CommandCycle(lambda: ShmVecError("this shmvec engine is closed"))
         self.num_envs = len(env_fns)
         self.async_mode = async_mode
-        # Looked at once (it may take 80 ms on a busy machine), for both choices that depend on it.
-        busy_cpus = cpus_busy_elsewhere() if num_workers is None or pin_workers == "auto" else 0
+        # Looked at once (it may take 80 ms on a busy machine), for the worker count, pinning and the note.
+        busy_cpus = cpus_busy_elsewhere(own_pids=live_worker_pids()) if num_workers != 0 else 0
         requested = num_workers
         num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode, busy_cpus)
-        if requested is None:
-            note = fewer_workers_note(self.num_envs, num_workers, caller_steps, async_mode, busy_cpus)
-            if note:
-                warn_performance(note)
+        note = busy_cpus_note(self.num_envs, requested, num_workers, caller_steps, async_mode, busy_cpus)
+        if note:
+            warn_performance(note)
         self.num_workers = num_workers
         # Released by close(), or when the engine is collected unclosed.
         self._torch_threads = weakref.finalize(self, TorchThreads(torch_threads, num_workers).release)

@@ -11,7 +11,7 @@ import numpy as np
 
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
-__all__ = ["START_METHODS", "check_options", "default_num_workers", "fewer_workers_note", "plan_slices", "split_slices",
+__all__ = ["START_METHODS", "check_options", "default_num_workers", "busy_cpus_note", "plan_slices", "split_slices",
            "check_pin_workers", "check_observation_spaces"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
@@ -34,19 +34,36 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
 
 
-def fewer_workers_note(num_envs: int, num_workers: int, caller_steps: bool, async_mode: bool,
-                       busy_cpus: int) -> str | None:
-    """Says so when CPUs kept busy by other programs left the default with
-    fewer workers than an idle machine would get (the choice is otherwise
-    invisible, and lasts for the env's life); None if they did not."""
-    idle_default = default_num_workers(num_envs, caller_steps, async_mode)
-    if not busy_cpus or num_workers >= idle_default:
+def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, caller_steps: bool, async_mode: bool,
+                   busy_cpus: int) -> str | None:
+    """What to tell the user when CPUs kept busy by other programs decide
+    how fast this env can run (None if they do not). Left to shmvec
+    (`requested` None), the default ran fewer workers than an idle machine
+    would get: a choice otherwise invisible, lasting for the env's life. An
+    explicit count stands, but if it is more than the idle CPUs hold, its
+    processes wait for each other's turns at every step (CartPole x64 beside
+    two CPU hogs on 2 CPUs: num_workers=2 ran at 0.72x SyncVectorEnv, the
+    default 1.11x; see the README's busy rows)."""
+    if not busy_cpus:
         return None
-    stepping = "the caller steps every env itself" if num_workers == 0 else "the caller steps a slice beside them"
-    return (f"shmvec found {busy_cpus} of this process's {usable_cpus()} CPUs kept busy by other programs, so it "
-            f"runs {num_workers} worker processes instead of {idle_default} ({stepping}): processes beyond the "
-            f"idle CPUs wait for each other at every step. It looked once, when the env was made; pass "
-            f"num_workers={idle_default} to run them anyway.")
+    found = f"shmvec found {busy_cpus} of this process's {usable_cpus()} CPUs kept busy by other programs"
+    if requested is None:
+        idle_default = default_num_workers(num_envs, caller_steps, async_mode)
+        if num_workers >= idle_default:
+            return None
+        return (f"{found}, so it runs {num_workers} worker processes instead of {idle_default} "
+                f"({_stepping(num_workers)}): processes beyond the idle CPUs wait for each other at every step. "
+                f"It looked once, when the env was made; pass num_workers={idle_default} to run them anyway.")
+    chosen, _ = plan_slices(num_envs, None, None, async_mode, busy_cpus)
+    if num_workers <= chosen:
+        return None
+    return (f"{found}: num_workers={num_workers} runs more processes than the CPUs left idle (the caller counts "
+            f"as one), and each then waits for the others' turns at every step. With num_workers unset, shmvec "
+            f"runs {chosen} worker processes here ({_stepping(chosen)}). It looked once, when the env was made.")
+
+
+def _stepping(num_workers: int) -> str:
+    return "the caller steps every env itself" if num_workers == 0 else "the caller steps a slice beside them"
 
 
 def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None,

@@ -24,9 +24,18 @@ from shmvec._engine.worker import FdHandle, WorkerSpec
 from shmvec._engine.worker import main as worker_main
 from shmvec.errors import ShmVecTimeoutError, WorkerDiedError, describe_exit
 
-__all__ = ["WorkerPool", "CLOSE_GRACE_S", "still_pending"]
+__all__ = ["WorkerPool", "CLOSE_GRACE_S", "still_pending", "live_worker_pids"]
 
 CLOSE_GRACE_S = 5.0
+
+# Every pool of this process not yet collected: their workers are shmvec's
+# own, not other programs' load (system.cpus_busy_elsewhere).
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+def live_worker_pids() -> list[int]:
+    """Pids of the workers of every pool of this process."""
+    return [p.pid for pool in list(_POOLS) for p in pool.processes if p.pid is not None]
 
 
 def still_pending(timeout: float) -> ShmVecTimeoutError:
@@ -63,6 +72,7 @@ class WorkerPool:
         self.fds = [-1, -1, -1]
         # If the pool is garbage-collected unclosed, workers still go away.
         self._finalizer = weakref.finalize(self, shutdown, self.processes, self.cpus, self.fds, 1.0)
+        _POOLS.add(self)
 
     # -- start ------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Collection
 
 __all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu", "runnable_threads", "cpus_busy_elsewhere",
            "PARENT_ONLY_FDS", "close_arena_fds"]
@@ -116,8 +117,8 @@ def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
     return times
 
 
-def cpus_busy_elsewhere(window_s: float = 0.04, windows: int = 2) -> int:
-    """How many of this process's CPUs other threads keep busy now.
+def cpus_busy_elsewhere(window_s: float = 0.04, windows: int = 2, own_pids: Collection[int] = ()) -> int:
+    """How many of this process's CPUs other programs keep busy now.
 
     Stepping processes beyond the idle CPUs only slow each other down: they
     wait for each other at every step, and each wait for one that another
@@ -126,9 +127,13 @@ def cpus_busy_elsewhere(window_s: float = 0.04, windows: int = 2) -> int:
     samples), none. Otherwise each CPU's idle time over `windows` windows of
     `window_s`, this thread asleep meanwhile: CPUs busy for three quarters
     of every window count (a process that is starting or exiting is not a
-    steady load). Under a CPU quota smaller than the affinity mask (a
-    container's share of a larger host) the other CPUs' load says nothing
-    about ours: 0, as when /proc is unreadable."""
+    steady load). The CPU time of `own_pids` (shmvec's workers) in each
+    window is taken off the CPU each thread ran on last: they are not
+    another program (a worker that has just started spins an OpenBLAS
+    thread for about 100 ms; an env made right after another would
+    otherwise count that CPU busy). Under a CPU quota smaller than the
+    affinity mask (a container's share of a larger host) the other CPUs'
+    load says nothing about ours: 0, as when /proc is unreadable."""
     cpus = set(allowed_cpu_ids())
     if not IS_LINUX or usable_cpus() < len(cpus):
         return 0
@@ -139,21 +144,50 @@ def cpus_busy_elsewhere(window_s: float = 0.04, windows: int = 2) -> int:
                 return 0
             time.sleep(0.001)
         busy = set(cpus)
-        before = _cpu_times(cpus)
+        before, own_before = _cpu_times(cpus), _thread_ticks(own_pids)
         for _ in range(windows):
             time.sleep(window_s)
-            after = _cpu_times(cpus)
+            after, own_after = _cpu_times(cpus), _thread_ticks(own_pids)
+            own = _ticks_by_cpu(own_before, own_after)
             busy = {cpu for cpu in busy if cpu in before and cpu in after
-                    and _busy_share(before[cpu], after[cpu]) > 0.75}
-            before = after
+                    and _busy_share(before[cpu], after[cpu], own.get(cpu, 0)) > 0.75}
+            before, own_before = after, own_after
     except (OSError, ValueError):
         return 0
     return len(busy)
 
 
-def _busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+def _busy_share(before: tuple[int, int], after: tuple[int, int], own_ticks: int = 0) -> float:
     idle, total = after[0] - before[0], after[1] - before[1]
-    return 1.0 - idle / total if total > 0 else 0.0
+    return 1.0 - (idle + own_ticks) / total if total > 0 else 0.0
+
+
+def _thread_ticks(pids: Collection[int]) -> dict[int, tuple[int, int]]:
+    """Clock ticks of CPU time (user + system) so far and the CPU it last
+    ran on, of each thread of `pids`, by thread id; processes gone are left out."""
+    ticks = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()  # the name may hold spaces and ")"
+            except OSError:
+                continue
+            ticks[int(tid)] = (int(fields[11]) + int(fields[12]), int(fields[36]))  # utime, stime; processor
+    return ticks
+
+
+def _ticks_by_cpu(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """The ticks each thread ran between two _thread_ticks(), summed by the
+    CPU it ran on last (a thread only in `after` began in between)."""
+    by_cpu: dict[int, int] = {}
+    for tid, (ticks, cpu) in after.items():
+        by_cpu[cpu] = by_cpu.get(cpu, 0) + ticks - before.get(tid, (0, cpu))[0]
+    return by_cpu
 
 
 def pin_to_cpu(cpu: int) -> None:
