@@ -91,7 +91,7 @@ def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pe
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
     if ids.size:
-        # One reduction and one count (send()'s path): the max first, so that
+        # One reduction and two counts (send()'s path): the max first, so that
         # bincount never sizes its counts by a huge id; it refuses negative ones.
         try:
             counts = None if ids.max() >= num_envs else np.bincount(ids.astype(np.intp, copy=False))
@@ -99,7 +99,7 @@ def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pe
             counts = None
         if counts is None:
             raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
-        if counts.max() > 1:  # no sort, unlike np.unique
+        if np.count_nonzero(counts) < ids.size:  # a repeat; no sort, unlike np.unique
             raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
     busy = ids[in_flight[ids]]
     if busy.size:

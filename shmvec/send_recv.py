@@ -77,14 +77,15 @@ class SendRecv:
             if self._engine.restarted_rows:
                 self._send_again(self._engine.restarted_rows)
                 continue
-            self._in_flight[finished] = False
+            self._in_flight[np.asarray(finished, dtype=np.intp)] = False  # an array indexes faster than a list
             rows += finished
             records += steps.records(finished)
         ids = np.asarray(rows, dtype=np.int64)
         infos = vectorize_batch(self._io, records, rows)  # first: it stores observation leaves without a fixed shape
         infos["env_id"] = ids
         io = self._io
-        result = io.observations_at(ids), io.rewards[ids], io.terminations[ids], io.truncations[ids], infos
+        result = (io.observations_at(ids), io.rewards.take(ids), io.terminations.take(ids),
+                  io.truncations.take(ids), infos)
         if self._restarts:
             io.remember(ids)
         return result

@@ -142,8 +142,9 @@ def test_misuse_is_an_error(async_envs):
     ids = infos["env_id"]
     with pytest.raises(ValueError, match="shape"):
         envs.send(np.zeros(3, dtype=np.int64), ids)  # count differs from ids
-    with pytest.raises(ValueError, match=r"\[0, 4\)"):
-        envs.send(np.zeros(1, dtype=np.int64), [7])
+    for out_of_range in ([7], [-1], np.array([-1], dtype=np.int8), [2**62], np.array([2**63], dtype=np.uint64)):
+        with pytest.raises(ValueError, match=r"\[0, 4\)"):
+            envs.send(np.zeros(1, dtype=np.int64), out_of_range)
     with pytest.raises(ValueError, match="repeated"):
         envs.send(np.zeros(2, dtype=np.int64), [ids[0], ids[0]])
     with pytest.raises(TypeError):

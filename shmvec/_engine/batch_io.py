@@ -176,15 +176,16 @@ class BatchIO:
         return self._unflatten_obs(values)
 
     def observations_at(self, rows: np.ndarray) -> Any:
-        """The observations of some envs (a batch of async results), copied."""
+        """The observations of some envs (a batch of async results), copied
+        (take() copies as fancy indexing does, in a quarter of the time)."""
         if self._single_obs:
-            return self.obs_views[0][rows]  # fancy indexing copies
+            return self.obs_views[0].take(rows, axis=0)
         values = []
         for view, objects in zip(self.obs_views, self._object_obs):
             if view is None:
                 values.append(tuple(objects[r] for r in rows))
             else:
-                values.append(view[rows])  # fancy indexing copies
+                values.append(view.take(rows, axis=0))
         return self._unflatten_obs(values)
 
     def snapshot(self) -> list:
