@@ -32,6 +32,11 @@ int first_ready_fd(const int* fds, int count);
 // Offers the CPU to another runnable thread on this core (sched_yield).
 void yield_cpu();
 
+// How many times this thread has been switched out involuntarily (preempted
+// by, or yielded to, another thread of this system). Time the hypervisor
+// takes from a virtual CPU does not count: the guest switched nothing.
+int64_t involuntary_switches();
+
 // Monotonic clock in nanoseconds.
 int64_t now_ns();
 

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -70,6 +71,12 @@ int first_ready_fd(const int* fds, int count) {
 }
 
 void yield_cpu() { sched_yield(); }
+
+int64_t involuntary_switches() {
+  struct rusage usage;
+  if (getrusage(RUSAGE_THREAD, &usage) != 0) return -1;
+  return usage.ru_nivcsw;
+}
 
 int64_t now_ns() {
   struct timespec ts;

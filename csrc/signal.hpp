@@ -26,7 +26,9 @@ namespace shmvec {
 // When a spin finds its core taken by another thread (more runnable threads
 // than cores: a busy machine, or more workers than CPUs), spinning only
 // delays whoever we wait for: the next kBackoffWaits waits sleep at once,
-// then spinning is tried again.
+// then spinning is tried again. Time the hypervisor takes from a virtual CPU
+// is not that: no thread of ours or of anyone else's wanted the core, and
+// sleeping would only add a wake-up to every wait.
 class AdaptiveSpin {
  public:
   static constexpr int kBackoffWaits = 128;
@@ -55,11 +57,15 @@ inline void publish(std::atomic<uint32_t>& word, uint32_t value,
 // what it stores is released by the store of `sleeping` that follows.
 // Memory order: `ready` is evaluated on acquire loads, so whatever the
 // publisher wrote before its release (or seq_cst) store is visible after.
-// If `preempted` is given, it is set when the spin lost its core (see
-// AdaptiveSpin): the wait then sleeps at once.
+// If `preempted` is given, it is set when the spin lost its core to another
+// thread (see AdaptiveSpin): the wait then sleeps at once.
 constexpr int64_t kPureSpinNs = 3'000;
-// A gap this long between two checks of a spin means another thread ran on
-// our core (a check takes about a microsecond, a yield to nobody too).
+// A gap this long between two checks of a spin (a check takes about a
+// microsecond, a yield to nobody too) means the core was taken from us: by
+// another thread if we were switched out meanwhile, else by the hypervisor
+// (on a busy host, several times a second), which is no reason to stop
+// spinning. Switches are counted around each yield, where a syscall is paid
+// anyway; a gap before the first yield counts as a lost core.
 constexpr int64_t kPreemptedNs = 50'000;
 
 template <class Ready, class OnSlice, class Announce>
@@ -69,6 +75,7 @@ bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Re
   if (ready(word.load(std::memory_order_acquire))) return true;
   const int64_t start = platform::now_ns();
   int64_t now = start;
+  int64_t switches = -1;  // before the last yield; -1: not read yet
   do {
     for (int k = 0; k < 16; ++k) {
       platform::cpu_relax();
@@ -76,14 +83,17 @@ bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Re
     }
     const int64_t before = now;
     now = platform::now_ns();
-    if (now - before > kPreemptedNs) {
+    if (now - before > kPreemptedNs && (switches < 0 || platform::involuntary_switches() != switches)) {
       if (preempted) *preempted = true;
       break;
     }
     // Past the first few microseconds, offer the core between checks: if the
     // peer we wait for shares it (more runnable processes than cores), it
     // runs now instead of after our whole budget; if not, this costs ~1 us.
-    if (now - start > kPureSpinNs) platform::yield_cpu();
+    if (now - start > kPureSpinNs) {
+      switches = platform::involuntary_switches();
+      platform::yield_cpu();
+    }
   } while (now - start < spin_ns);
 
   for (;;) {
