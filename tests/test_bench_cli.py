@@ -8,11 +8,12 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
-from shmvec import ShmVecEnv, cli
+from shmvec import PerformanceWarning, ShmVecEnv, cli
 from shmvec.bench import measure, peers
 from shmvec.bench.peers import PEERS
 from shmvec.testing import NoopEnv
@@ -25,6 +26,19 @@ class FailingEnv(NoopEnv):
 
     def step(self, action):
         raise RuntimeError("this env cannot step")
+
+
+class SecondEnvWarns(NoopEnv):
+    """Warns as shmvec does of a slow setting, once a process makes a second
+    one: in a vector env's process, not in the limit's single-env loops."""
+
+    made = 0
+
+    def __init__(self):
+        super().__init__()
+        SecondEnvWarns.made += 1
+        if SecondEnvWarns.made == 2:
+            warnings.warn("pass fast=True to run faster", PerformanceWarning)
 
 
 @pytest.fixture(autouse=True)
@@ -123,6 +137,16 @@ def test_an_env_that_fails_is_a_note_not_a_crash(capsys):
     err = capsys.readouterr().err
     assert re.search(r"limit, \d+ plain loops at once failed: RuntimeError: this env cannot step", err)
     assert "nothing could be measured" in err
+
+
+def test_a_performance_warning_is_one_note_not_one_per_measurement(tmp_path, capfd):
+    out = tmp_path / "out.json"
+    assert bench("test_bench_cli:SecondEnvWarns", "--num-envs", "2,3", "--backends", "shmvec", "--workers", "0",
+                 "--seconds", "0.05", "--passes", "2", "--json", str(out)) == 0
+    err = capfd.readouterr().err
+    assert err.count("pass fast=True to run faster") == 1, err
+    assert "note: shmvec on test_bench_cli:SecondEnvWarns: pass fast=True to run faster" in err
+    assert "shmvec on test_bench_cli:SecondEnvWarns: pass fast=True to run faster" in json.loads(out.read_text())["notes"]
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import warnings
 
 from shmvec._engine.system import usable_cpus
+from shmvec.errors import PerformanceWarning
 from shmvec.bench.measure import Hogs, async_rate, concurrent_limit, isolated, mlp_policy, tree_memory, vector_rate
 from shmvec.bench.peers import PEERS, build, single_action_space, workload_missing
 
@@ -43,6 +45,19 @@ def _layout(envs) -> dict:
     return {"workers": envs.num_workers, "pinned": any(cpu is not None for cpu in cpus)}
 
 
+def _performance_warnings(caught: list) -> list[str]:
+    """The text of shmvec's PerformanceWarnings among `caught` (measure_all
+    makes each one note, not one warning per measurement); any other warning
+    is shown as usual."""
+    told = []
+    for w in caught:
+        if issubclass(w.category, PerformanceWarning):
+            told.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return list(dict.fromkeys(told))
+
+
 def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: dict | None = None,
                  atari: bool = False, policy: str | None = None) -> dict:
     """One measurement, meant for a fresh process; `options` go to
@@ -51,9 +66,14 @@ def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: d
     if policy == "mlp":
         import torch  # before the envs, as a training script imports it at the top
 
-    envs = build(peer, spec, num_envs, atari=atari, **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        envs = build(peer, spec, num_envs, atari=atari, **options)
     try:
         extra = _layout(envs) if PEERS[peer].takes_options else {}
+        told = _performance_warnings(caught)
+        if told:
+            extra["performance_warnings"] = told
         pick = None
         if policy == "mlp":
             observation_space = getattr(envs, "single_observation_space", None) or envs.observation_space
@@ -174,5 +194,10 @@ def measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
                              args.seconds, _options(args, name), in_atari_pipeline(args, spec), args.policy)
             if result is not None:
                 measured.setdefault((spec, name, n), []).append(result)
+                for text in result.get("performance_warnings", ()):
+                    note = f"{name} on {spec}: {text}"
+                    if note not in notes:
+                        notes.append(note)
+                        progress.note(note)
     progress.clear()
     return limit_runs, measured
