@@ -366,6 +366,43 @@ def test_hung_factory_times_out():
     assert elapsed < 3, f"a hung factory with timeout=0.5 took {elapsed:.1f} s to fail"
 
 
+# -- a worker that dies while it starts ----------------------------------------------
+
+UNGUARDED_SCRIPT = textwrap.dedent("""
+    import sys
+    import shmvec
+    from fault_envs import FaultEnv
+
+    envs = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, start_method=sys.argv[1])  # no main guard
+    envs.close()
+    print("made", flush=True)
+""")
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_main_module_without_its_guard_is_told_what_to_do(start_method, tmp_path):
+    """Under forkserver (the default) and spawn each worker imports the main
+    module again; made at its top level, the vector env starts workers from
+    a worker, which multiprocessing stops before shmvec's code runs. The
+    error says so, not only that a worker died."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), start_method], cwd=tmp_path, capture_output=True,
+                          text=True, env=script_env(), timeout=120)
+    assert done.returncode != 0 and "made" not in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("shmvec.errors.WorkerDiedError: shmvec worker 0 (envs 1..1) died while starting"), last
+    assert 'if __name__ == "__main__":' in last and 'start_method="fork"' in last, last
+
+
+def test_the_same_script_runs_under_fork(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), "fork"], cwd=tmp_path, capture_output=True,
+                          text=True, env=script_env(), timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "made", done.stderr
+
+
 # -- the front end killed or interrupted --------------------------------------------
 
 PARENT_SCRIPT = textwrap.dedent("""

@@ -143,7 +143,11 @@ class Engine(CommandRunner):
     def _describe_and_attach(self, autoreset_code: int, observation_mode: Any) -> None:
         descriptions = [self._caller.describe()] if self._caller is not None else []
         if self.num_workers:
-            descriptions += [P.loads(r) for r in self.transport.collect(range(self.num_workers))]
+            try:
+                replies = self.transport.collect(range(self.num_workers))
+            except WorkerDiedError as exc:
+                raise WorkerDiedError.while_starting(exc, self.pool.start_method) from None
+            descriptions += [P.loads(r) for r in replies]
         observation_spaces = [space for d in descriptions for space in d["observation_spaces"]]
         action_spaces = [space for d in descriptions for space in d["action_spaces"]]
         obs_space = check_observation_spaces(observation_spaces, observation_mode)
