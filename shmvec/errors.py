@@ -65,10 +65,11 @@ class WorkerDiedError(ShmVecError):
         self.env_indices = env_indices
         self.exitcode = exitcode
         super().__init__(message or (
-            f"shmvec worker {worker} (envs {env_indices.start}..{env_indices.stop - 1}) "
-            f"died ({describe_exit(exitcode)}); "
-            "close this vector env and create a new one"
-        ))
+            f"{self._who()} died ({describe_exit(exitcode)}); close this vector env and create a new one"))
+
+    def _who(self) -> str:
+        rows = self.env_indices
+        return f"shmvec worker {self.worker} (envs {rows.start}..{rows.stop - 1})"
 
     @classmethod
     def while_starting(cls, error: WorkerDiedError, start_method: str) -> WorkerDiedError:
@@ -76,16 +77,15 @@ class WorkerDiedError(ShmVecError):
         reports its own errors and its env factories' through the arena; one
         that dies before it can has failed earlier, usually in Python starting
         the process, which says why on the worker's stderr."""
-        rows = error.env_indices
-        message = (f"shmvec worker {error.worker} (envs {rows.start}..{rows.stop - 1}) died while starting "
-                   f"({describe_exit(error.exitcode)}), before it could report an error: its output above says why")
+        message = (f"{error._who()} died while starting ({describe_exit(error.exitcode)}), "
+                   "before it could report an error: its output above says why")
         if error.exitcode == 1 and start_method in ("forkserver", "spawn"):
             # The usual cause: multiprocessing refuses to start processes
             # while a worker imports the main module (RuntimeError, exit 1).
             message += (f". Under start_method=\"{start_method}\" each worker imports the main module again, "
                         "so a script must make its vector env under `if __name__ == \"__main__\":` "
                         "(or pass start_method=\"fork\")")
-        return cls(error.worker, rows, error.exitcode, message)
+        return cls(error.worker, error.env_indices, error.exitcode, message)
 
     def __reduce__(self):
         return (type(self), (self.worker, self.env_indices, self.exitcode, str(self)))
