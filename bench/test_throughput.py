@@ -22,7 +22,7 @@ CASES = {
 
 
 # Lock-step peers that run these envs; shmvec's async mode is in test_async.py and Atari in test_real.py.
-LOCKSTEP = [name for name in PEERS if name not in ("shmvec-async", "ale")]
+LOCKSTEP = [name for name, peer in PEERS.items() if peer.is_vector_env and name not in ("shmvec-async", "ale")]
 
 
 @pytest.mark.parametrize("peer", LOCKSTEP)

@@ -1,6 +1,7 @@
 """Smoke tests of `shmvec bench`: tiny runs, the JSON they write, and how
 bad input and missing peers are reported."""
 
+import argparse
 import dataclasses
 import importlib.util
 import json
@@ -108,6 +109,58 @@ def test_shmvec_unpinned_row_runs_the_same_env_with_workers_unpinned(tmp_path):
     runs = {r["backend"]: r for r in json.loads(out.read_text())["results"]}
     assert runs["shmvec-unpinned"]["pinned"] is False
     assert runs["shmvec-unpinned"]["workers"] == runs["shmvec"]["workers"] == 1
+
+
+class CountingEnv(NoopEnv):
+    """Counts its own steps (in the process that steps it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        return super().step(action)
+
+
+def test_uncoupled_row_steps_each_share_in_a_plain_loop_of_its_own(tmp_path, capsys):
+    # The reference that tells lock-step's cost apart: one plain loop per
+    # usable CPU over its share of the envs, none waiting for another.
+    out = tmp_path / "out.json"
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "1,5", "--backends", "sync,uncoupled",
+                 "--json", str(out), *FAST) == 0
+    report = json.loads(out.read_text())
+    runs = {(r["backend"], r["num_envs"]): r for r in report["results"]}
+    assert len(runs["uncoupled", 1]["loops"]) == 1  # one env: one loop, not one per CPU
+    assert len(runs["uncoupled", 5]["loops"]) == min(5, report["usable_cpus"])
+    for n in (1, 5):
+        row = runs["uncoupled", n]
+        assert row["steps_per_s"] == pytest.approx(sum(row["loops"])) and row["peak_rss_mib"] is None
+    assert "uncoupled: one plain loop per usable CPU" in capsys.readouterr().out
+
+
+def test_an_uncoupled_loop_steps_every_env_of_its_share():
+    measure._prepare_loop("test_bench_cli:CountingEnv", False, 0.01, 3)
+    envs = measure._loop[-1][0]
+    assert len(envs) == 3
+    before = [env.unwrapped.steps for env in envs]
+    rate = measure._run_loop(0.0, 0.02)
+    calls = [env.unwrapped.steps - b for env, b in zip(envs, before)]
+    assert calls[0] > 0 and calls == [calls[0]] * 3  # the same number of steps each
+    assert rate > 0 and not measure._loop
+
+
+def test_uncoupled_is_only_run_when_named_and_never_with_a_policy():
+    from shmvec.bench import command, passes
+    assert "uncoupled" not in command.default_backends(None) + command.default_backends(8)
+    assert "shmvec-async" in command.default_backends(8)
+    pytest.importorskip("torch")
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(["--policy", "mlp", "--num-envs", "2", "--backends", "sync,uncoupled"])
+    _, jobs, notes = passes.plan(["shmvec.testing:NoopEnv"], args)
+    assert [name for _, name, _ in jobs] == ["sync"]
+    assert "skipping uncoupled: its plain loops have no policy" in notes
 
 
 def test_json_records_workers_given(tmp_path):

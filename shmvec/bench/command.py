@@ -22,6 +22,8 @@ DEFAULT_NUM_ENVS = [8, 64, 256]
 # default CartPole run, and medians that one slow moment does not move.
 DEFAULT_SECONDS = 0.5
 DEFAULT_PASSES = 3
+# Rows for a question of their own, not a default comparison.
+ONLY_WHEN_NAMED = ("shmvec-unpinned", "uncoupled")
 
 
 def _env_spec(text: str) -> str:
@@ -93,8 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave shmvec's workers unpinned (default: pin_workers=\"auto\")")
     parser.add_argument("--backends", type=_backends, default=None, metavar="NAME,...",
                         help=f"what to compare (default: all that are installed and can run the env: "
-                             f"{','.join(p for p in PEERS if p != 'shmvec-unpinned')}; shmvec-async with "
-                             "--async-batch; shmvec-unpinned, pin_workers=False, only when named)")
+                             f"{','.join(p for p in PEERS if p not in ONLY_WHEN_NAMED)}; shmvec-async with "
+                             "--async-batch; only when named: shmvec-unpinned, pin_workers=False, and "
+                             "uncoupled, one plain loop per usable CPU over its share of the envs, none "
+                             "waiting for another: what lock-step costs is shmvec's gap to it)")
     parser.add_argument("--seconds", type=_positive, default=DEFAULT_SECONDS, metavar="S",
                         help=f"timed stepping per measurement, after a warm-up (default: {DEFAULT_SECONDS})")
     parser.add_argument("--passes", type=_count, default=DEFAULT_PASSES, metavar="P",
@@ -118,14 +122,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE.json", help="write the results as JSON")
 
 
+def default_backends(async_batch: int | None) -> list[str]:
+    """Every backend but those run only when named; shmvec-async only when
+    --async-batch asks for it."""
+    return [name for name in PEERS if name not in ONLY_WHEN_NAMED and (name != "shmvec-async" or async_batch)]
+
+
 def run(args: argparse.Namespace) -> int:
     specs = list(dict.fromkeys([*args.env, *args.env_options])) or DEFAULT_ENVS
     if args.atari and not any(passes.in_atari_pipeline(args, spec) for spec in specs):
         print("error: --atari takes ALE ids (such as ALE/Pong-v5)", file=sys.stderr)
         return 2
-    if args.backends is None:  # all, shmvec-async only when --async-batch asks for it, shmvec-unpinned when named
-        args.backends = [name for name in PEERS
-                         if name != "shmvec-unpinned" and (name != "shmvec-async" or args.async_batch)]
+    if args.backends is None:
+        args.backends = default_backends(args.async_batch)
     cpus = usable_cpus()
     specs, jobs, notes = passes.plan(specs, args)
     limit_runs, measured = passes.measure_all(specs, jobs, args, notes)

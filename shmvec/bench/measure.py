@@ -20,6 +20,7 @@ from typing import Any
 
 from gymnasium.vector.utils import batch_space
 
+from shmvec._engine.plan import split_slices
 from shmvec._engine.system import usable_cpus
 from shmvec.bench.peers import env_factory, single_action_space
 
@@ -159,36 +160,54 @@ def single_env_rate(spec: str, seconds: float, atari: bool = False) -> float:
     return calls / elapsed
 
 
-_loop: list = []  # the env of this process's plain loop, between _prepare_loop and _run_loop
+_loop: list = []  # this process's plain loop (envs, step, actions), between _prepare_loop and _run_loop
 
 
-def _prepare_loop(spec: str, atari: bool, warmup: float) -> None:
-    env = env_factory(spec, atari)()
-    env.reset(seed=0)
-    step, actions = plain_step(env), action_batches(env.action_space, None)
+def _prepare_loop(spec: str, atari: bool, warmup: float, count: int = 1) -> None:
+    envs = [env_factory(spec, atari)() for _ in range(count)]
+    for seed, env in enumerate(envs):
+        env.reset(seed=seed)
+    steps = [plain_step(env) for env in envs]
+
+    def step(action) -> None:  # every env of the loop, one after another, with the same action
+        for one in steps:
+            one(action)
+
+    actions = action_batches(envs[0].action_space, None)
     step_for(step, actions, warmup)
-    _loop.append((env, step, actions))
+    _loop.append((envs, step, actions))
 
 
 def _run_loop(start_at: float, seconds: float) -> float:
-    env, step, actions = _loop.pop()
+    envs, step, actions = _loop.pop()
     time.sleep(max(0.0, start_at - time.monotonic()))  # CLOCK_MONOTONIC is one clock for all processes
     calls, elapsed = step_for(step, actions, seconds)
-    env.close()
-    return calls / elapsed
+    for env in envs:
+        env.close()
+    return len(envs) * calls / elapsed
 
 
-def concurrent_limit(spec: str, seconds: float, atari: bool = False, processes: int | None = None) -> dict:
+def concurrent_limit(spec: str, seconds: float, atari: bool = False, processes: int | None = None,
+                     num_envs: int | None = None) -> dict:
     """The machine's limit, measured: one fresh process per usable CPU, each
     stepping one env of `spec` in a plain loop, all starting at the same
     moment for the same `seconds`; their rates summed. Unlike usable CPUs x
     one loop's rate, it counts what running at once costs (shared caches,
     memory bandwidth, turbo, other load such as `Hogs`). Returns
-    ``{"steps_per_s": sum, "loops": [each loop's steps/s]}``."""
-    workers = [FreshProcess() for _ in range(processes or usable_cpus())]
+    ``{"steps_per_s": sum, "loops": [each loop's steps/s]}``.
+
+    With `num_envs`, each loop steps its share of `num_envs` envs (split as
+    shmvec splits them) instead of one: the "uncoupled" row, the pace of
+    fixed shares that never wait for each other. Against it, a lock-step
+    vector env over as many processes shows what waiting for the slowest
+    costs, apart from what more envs per process cost."""
+    count = processes or usable_cpus()
+    shares = [len(rows) for rows in split_slices(num_envs, count)] if num_envs else [1] * count
+    shares = [share for share in shares if share]
+    workers = [FreshProcess() for _ in shares]
     try:
-        for process in workers:
-            process.send(_prepare_loop, spec, atari, warmup_seconds(seconds))
+        for process, share in zip(workers, shares):
+            process.send(_prepare_loop, spec, atari, warmup_seconds(seconds), share)
         for process in workers:  # every env made and warm: now start together
             process.receive()
         start_at = time.monotonic() + 0.05

@@ -106,6 +106,9 @@ def plan(specs: list[str], args: argparse.Namespace) -> tuple[list[str], list[tu
     for spec in ready:
         for name in args.backends:
             peer = PEERS[name]
+            if not peer.is_vector_env and args.policy:
+                notes.append(f"skipping {name}: its plain loops have no policy")
+                continue
             if name == "shmvec-async" and args.async_batch is None:
                 notes.append("skipping shmvec-async: it needs --async-batch B")
                 continue
@@ -190,8 +193,13 @@ def measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
         for spec, name, n in jobs:
             if spec not in limit_runs:
                 continue
-            result = attempt((spec, name, n), f"{tag}{spec}: {name} x{n}", isolated, measure_once, name, spec, n,
-                             args.seconds, _options(args, name), in_atari_pipeline(args, spec), args.policy)
+            what = f"{tag}{spec}: {name} x{n}"
+            if not PEERS[name].is_vector_env:
+                result = attempt((spec, name, n), what, concurrent_limit, spec, args.seconds,
+                                 in_atari_pipeline(args, spec), None, n)
+            else:
+                result = attempt((spec, name, n), what, isolated, measure_once, name, spec, n, args.seconds,
+                                 _options(args, name), in_atari_pipeline(args, spec), args.policy)
             if result is not None:
                 measured.setdefault((spec, name, n), []).append(result)
                 for text in result.get("performance_warnings", ()):

@@ -194,6 +194,7 @@ class Peer:
     max_envs: int | None = None
     lacks: Callable[[str, bool], str | None] | None = None  # why it cannot run (spec, atari)
     takes_options: bool = False  # ShmVecEnv's keyword arguments
+    is_vector_env: bool = True  # False: plain loops measured by measure.concurrent_limit, not build()
 
     def unavailable(self, spec: str, atari: bool = False) -> str | None:
         """Why this peer cannot run `spec` here, or None."""
@@ -201,6 +202,10 @@ class Peer:
             return f"{self.name}: {self.requires} is not installed ({self.install})"
         reason = self.lacks(spec, atari) if self.lacks else None
         return f"{self.name}: {reason}" if reason else None
+
+
+def _uncoupled(spec: str, num_envs: int, start_method: str | None, atari: bool):
+    raise TypeError("uncoupled is not a vector env: the bench measures it with measure.concurrent_limit")
 
 
 _SB3 = {"requires": "stable_baselines3", "install": "pip install stable-baselines3"}
@@ -219,6 +224,9 @@ PEERS: dict[str, Peer] = {p.name: p for p in [
          lacks=_envpool_lacks),
     Peer("ale", "ale-py AtariVectorEnv (C++ preprocessing)", _ale, requires="ale_py", install=REAL_INSTALL,
          lacks=_ale_lacks),
+    # Not a vector env: one plain loop per usable CPU over a fixed share of
+    # the envs, none waiting for another (only when named; see concurrent_limit).
+    Peer("uncoupled", "plain loops over fixed shares of the envs, none waiting", _uncoupled, is_vector_env=False),
 ]}
 
 

@@ -39,8 +39,9 @@ def result_rows(measured: dict[tuple, list[dict]], limits: dict[str, dict]) -> l
     rows = []
     for (spec, name, n), runs in measured.items():
         last = {k: v for k, v in runs[-1].items() if k != "steps_per_s"}
+        memory = [r["peak_rss_mib"] for r in runs if "peak_rss_mib" in r]  # none for the uncoupled loops
         rows.append({"env": spec, "backend": name, "num_envs": n, **last,
-                     "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+                     "peak_rss_mib": max(memory) if memory else None,
                      **_spread([r["steps_per_s"] for r in runs])})
     sync = {(r["env"], r["num_envs"]): r["steps_per_s"] for r in rows if r["backend"] == "sync"}
     for r in rows:
@@ -69,7 +70,7 @@ def title_line(about: dict, args: argparse.Namespace) -> str:
 
 
 def _k(value: float) -> str:
-    return f"{value / 1000:,.1f}k" if value < 1e7 else f"{value / 1e6:,.1f}M"
+    return f"{value / 1000:,.1f}k" if value < 1e6 else f"{value / 1e6:,.2f}M"
 
 
 def table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, cpus: int) -> str:
@@ -85,8 +86,9 @@ def table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, c
         for r in (r for r in rows if r["env"] == spec):
             vs_sync = f"{r['vs_sync']:.2f}" if r["vs_sync"] else "-"
             spread = f"{_k(r['min'])}-{_k(r['max'])}"
+            memory = "-" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:,.0f}"
             lines.append(f"{r['backend']:<14}{r['num_envs']:>6}{_k(r['steps_per_s']):>10}{spread:>16}{vs_sync:>8}"
-                         f"{_k(r['limit']):>9}{r['of_limit']:>10.2f}{r['peak_rss_mib']:>14,.0f}")
+                         f"{_k(r['limit']):>9}{r['of_limit']:>10.2f}{memory:>14}")
     lines += [
         "",
         f"Medians of {args.passes} interleaved passes of {args.seconds:g} s, each configuration in a fresh "
@@ -105,6 +107,10 @@ def table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, c
         lines.append(f"busy: {args.busy} processes spinning on the CPU during every measurement, the limit's too, "
                      f"{where}.")
     names = {r["backend"] for r in rows}
+    if "uncoupled" in names:
+        lines += [f"uncoupled: one plain loop per usable CPU ({cpus}) over its share of the envs, all at once, none",
+                  "waiting for another (no vector env, so no memory figure): shmvec's gap to it is what lock-step",
+                  "costs, each batch waiting for the slower process."]
     if "envpool" in names:
         lines.append("envpool steps its own C++ envs, not the Python ones of the limit.")
         if any(r["backend"] == "envpool" and in_atari_pipeline(args, r["env"]) for r in rows):
