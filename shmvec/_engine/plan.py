@@ -43,7 +43,7 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
     explicit count stands, but if it is more than the idle CPUs hold, its
     processes wait for each other's turns at every step (CartPole x64 beside
     two CPU hogs on 2 CPUs: num_workers=2 ran at 0.72x SyncVectorEnv, the
-    default 1.11x; see the README's busy rows)."""
+    default 1.11x; see docs/performance-history.md)."""
     if not busy_cpus:
         return None
     found = f"shmvec found {busy_cpus} of this process's {usable_cpus()} CPUs kept busy by other programs"
