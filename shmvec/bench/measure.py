@@ -169,10 +169,12 @@ def _prepare_loop(spec: str, atari: bool, warmup: float, count: int = 1) -> None
         env.reset(seed=seed)
     steps = [plain_step(env) for env in envs]
 
-    def step(action) -> None:  # every env of the loop, one after another, with the same action
+    def step_all(action) -> None:  # every env of the loop, one after another, with the same action
         for one in steps:
             one(action)
 
+    # One env (the limit): its own step, so that the limit pays no call more than a plain loop.
+    step = steps[0] if count == 1 else step_all
     actions = action_batches(envs[0].action_space, None)
     step_for(step, actions, warmup)
     _loop.append((envs, step, actions))
