@@ -1,6 +1,7 @@
 """The benchmark tools: the ``shmvec bench`` command (`command`, its
 arguments; `passes`, its measurements, each in a fresh process; `report`,
-its table, JSON and plot) and what it shares with the pytest-benchmark
+its table, JSON and plot), `timeline` (``python -m shmvec.bench.timeline``:
+where a lock-step batch's time goes) and what it shares with the pytest-benchmark
 suites in the repository's ``bench/``: the vector envs compared, each built
 from one env spec (`peers`), and how they are measured (`measure`).
 ``import shmvec`` does not import them.

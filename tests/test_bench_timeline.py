@@ -1,0 +1,50 @@
+"""`python -m shmvec.bench.timeline`: each lock-step batch split into the
+caller's slice, the wait for the workers and the rest."""
+
+import multiprocessing
+import re
+import time
+
+import numpy as np
+
+from shmvec._engine.env_slice import EnvSlice
+from shmvec._engine.pool import WorkerPool
+from shmvec.bench import timeline
+from shmvec.testing import NoopEnv
+
+CALLER_S, WORKER_S = 0.001, 0.004
+
+
+class WorkerSlowEnv(NoopEnv):
+    """Steps in 1 ms in the caller, 4 ms in a worker (imported there by name)."""
+
+    def step(self, action):
+        time.sleep(WORKER_S if multiprocessing.parent_process() else CALLER_S)
+        return super().step(action)
+
+
+def test_a_slow_worker_shows_as_wait_and_the_callers_envs_as_its_slice():
+    step, wait = EnvSlice.step, WorkerPool.wait
+    times, layout, largest = timeline.timeline("test_bench_timeline:WorkerSlowEnv", 2, 20, num_workers=1, warmup=2)
+    assert layout.startswith("the caller steps 1 env, 1 ") and layout.endswith(" worker 1")
+    assert times.shape == (20, 3) and largest == 1
+    total, caller, waited = times.T
+    assert (total >= WORKER_S * 1e6).all()  # every batch waits for the worker's 4 ms
+    assert (caller >= CALLER_S * 1e6).all()
+    assert (caller + waited <= total).all()
+    assert np.median(waited) > np.median(caller) / 2  # the worker, 3 ms slower, is waited for
+    assert (EnvSlice.step, WorkerPool.wait) == (step, wait)  # the timing wrappers are gone
+
+
+def test_no_workers_no_wait_one_line_per_window_and_the_plain_loops_pace(capsys):
+    timeline.main(["test_bench_timeline:WorkerSlowEnv", "--num-envs", "2", "--workers", "0",
+                   "--batches", "25", "--window", "10", "--plain-seconds", "0.05"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("test_bench_timeline:WorkerSlowEnv x2: the caller steps 2 envs, no workers")
+    windows = [line.split() for line in lines[2:5]]
+    assert [w[0] for w in windows] == ["0-9", "10-19", "20-24"]
+    assert all(int(w[1]) >= 2 * CALLER_S * 1e6 and int(w[3]) == 0 for w in windows)  # total, wait
+    assert lines[5].split()[0] == "all"
+    plain = re.search(r"A plain single-env loop here steps in ([\d.]+) us: a batch at that pace on every CPU "
+                      r"\(2 envs per process\) takes (\d+) us, ([\d.]+) of this run's", lines[7])
+    assert float(plain[1]) >= CALLER_S * 1e6 and abs(int(plain[2]) - 2 * float(plain[1])) <= 1
