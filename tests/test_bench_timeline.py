@@ -6,6 +6,7 @@ import re
 import time
 
 import numpy as np
+import pytest
 
 from shmvec._engine.env_slice import EnvSlice
 from shmvec._engine.pool import WorkerPool
@@ -48,3 +49,10 @@ def test_no_workers_no_wait_one_line_per_window_and_the_plain_loops_pace(capsys)
     plain = re.search(r"A plain single-env loop here steps in ([\d.]+) us: a batch at that pace on every CPU "
                       r"\(2 envs per process\) takes (\d+) us, ([\d.]+) of this run's", lines[7])
     assert float(plain[1]) >= CALLER_S * 1e6 and abs(int(plain[2]) - 2 * float(plain[1])) <= 1
+
+
+def test_counts_below_one_are_refused(capsys):
+    for option in ("--num-envs", "--batches", "--window"):
+        with pytest.raises(SystemExit):
+            timeline.main([option, "0"])
+        assert f"argument {option}: must be 1 or more, got '0'" in capsys.readouterr().err

@@ -102,17 +102,24 @@ def report(times: np.ndarray, window: int, plain_us: float | None = None, larges
     return "\n".join(lines)
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m shmvec.bench.timeline",
                                      description=__doc__.split("\n\n")[0].rstrip(":") + ".")
     parser.add_argument("env", nargs="?", default="CartPole-v1", help="a Gymnasium env id (default CartPole-v1)")
-    parser.add_argument("--num-envs", type=int, default=16, help="default 16")
+    parser.add_argument("--num-envs", type=_at_least_one, default=16, help="default 16")
     parser.add_argument("--atari", action="store_true", help="each env in Gymnasium's Atari pipeline, as in "
                         "shmvec bench")
     parser.add_argument("--workers", type=int, default=None, help="num_workers (default: shmvec's choice)")
-    parser.add_argument("--batches", type=int, default=6000, help="batches timed, after 200 of warm-up "
+    parser.add_argument("--batches", type=_at_least_one, default=6000, help="batches timed, after 200 of warm-up "
                         "(default 6000)")
-    parser.add_argument("--window", type=int, default=500, help="batches per line (default 500)")
+    parser.add_argument("--window", type=_at_least_one, default=500, help="batches per line (default 500)")
     parser.add_argument("--plain-seconds", type=float, default=2.0,
                         help="time a plain single-env loop for this long first, for the pace of a batch without "
                              "a vector env (default 2; 0: not)")
