@@ -24,7 +24,9 @@ import numpy as np
 
 from shmvec._engine.env_slice import EnvSlice
 from shmvec._engine.pool import WorkerPool
+from shmvec.bench.command import _count, _workers
 from shmvec.bench.measure import action_batches, single_env_rate
+from shmvec.bench.passes import _layout
 from shmvec.bench.peers import build
 
 PARTS = ("slice", "wait")
@@ -65,7 +67,7 @@ def timeline(spec: str, num_envs: int, batches: int, num_workers: int | None = N
         engine = envs._engine
         caller = len(engine._caller.rows) if engine._caller is not None else 0
         shares = ", ".join(str(len(rows)) for rows in engine.worker_rows)
-        pinned = "pinned" if any(cpu is not None for cpu in engine.pool.cpus) else "unpinned"
+        pinned = "pinned" if _layout(envs)["pinned"] else "unpinned"
         workers = (f"{envs.num_workers} {pinned} worker{'s' * (envs.num_workers > 1)} {shares}"
                    if envs.num_workers else "no workers")
         largest = max(len(rows) for rows in engine._slice_rows())
@@ -102,24 +104,17 @@ def report(times: np.ndarray, window: int, plain_us: float | None = None, larges
     return "\n".join(lines)
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m shmvec.bench.timeline",
                                      description=__doc__.split("\n\n")[0].rstrip(":") + ".")
     parser.add_argument("env", nargs="?", default="CartPole-v1", help="a Gymnasium env id (default CartPole-v1)")
-    parser.add_argument("--num-envs", type=_at_least_one, default=16, help="default 16")
+    parser.add_argument("--num-envs", type=_count, default=16, help="default 16")
     parser.add_argument("--atari", action="store_true", help="each env in Gymnasium's Atari pipeline, as in "
                         "shmvec bench")
-    parser.add_argument("--workers", type=int, default=None, help="num_workers (default: shmvec's choice)")
-    parser.add_argument("--batches", type=_at_least_one, default=6000, help="batches timed, after 200 of warm-up "
+    parser.add_argument("--workers", type=_workers, default=None, help="num_workers (default: shmvec's choice)")
+    parser.add_argument("--batches", type=_count, default=6000, help="batches timed, after 200 of warm-up "
                         "(default 6000)")
-    parser.add_argument("--window", type=_at_least_one, default=500, help="batches per line (default 500)")
+    parser.add_argument("--window", type=_count, default=500, help="batches per line (default 500)")
     parser.add_argument("--plain-seconds", type=float, default=2.0,
                         help="time a plain single-env loop for this long first, for the pace of a batch without "
                              "a vector env (default 2; 0: not)")
