@@ -24,11 +24,30 @@ class WorkerSlowEnv(NoopEnv):
         return super().step(action)
 
 
+class UnevenEnv(NoopEnv):
+    """The env reset with seed 0 steps in 2 ms, the others in 0.5 ms."""
+
+    def reset(self, *, seed=None, options=None):
+        self.slow = seed == 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        time.sleep(0.002 if self.slow else 0.0005)
+        return super().step(action)
+
+
+def test_share_spread_is_the_slowest_share_of_a_batch_over_the_mean_share():
+    uneven = timeline.share_spread("test_bench_timeline:UnevenEnv", [1, 1], batches=20, warmup=2)
+    assert 1.4 < uneven < 1.65  # 2 ms against a mean share of 1.25 ms
+    even = timeline.share_spread("test_bench_timeline:WorkerSlowEnv", [2, 2], batches=20, warmup=2)
+    assert 1.0 <= even < 1.1  # every env 1 ms here (no worker), so both shares 2 ms
+
+
 def test_a_slow_worker_shows_as_wait_and_the_callers_envs_as_its_slice():
     step, wait = EnvSlice.step, WorkerPool.wait
-    times, layout, largest = timeline.timeline("test_bench_timeline:WorkerSlowEnv", 2, 20, num_workers=1, warmup=2)
+    times, layout, shares = timeline.timeline("test_bench_timeline:WorkerSlowEnv", 2, 20, num_workers=1, warmup=2)
     assert layout.startswith("the caller steps 1 env, 1 ") and layout.endswith(" worker 1")
-    assert times.shape == (20, 3) and largest == 1
+    assert times.shape == (20, 3) and shares == [1, 1]
     total, caller, waited = times.T
     assert (total >= WORKER_S * 1e6).all()  # every batch waits for the worker's 4 ms
     assert (caller >= CALLER_S * 1e6).all()
@@ -49,6 +68,17 @@ def test_no_workers_no_wait_one_line_per_window_and_the_plain_loops_pace(capsys)
     plain = re.search(r"A plain single-env loop here steps in ([\d.]+) us: a batch at that pace on every CPU "
                       r"\(2 envs per process\) takes (\d+) us, ([\d.]+) of this run's", lines[7])
     assert float(plain[1]) >= CALLER_S * 1e6 and abs(int(plain[2]) - 2 * float(plain[1])) <= 1
+    assert len(lines) == 8  # one share: no spread line
+
+
+def test_with_workers_the_shares_spread_is_the_last_line(capsys):
+    timeline.main(["test_bench_timeline:UnevenEnv", "--num-envs", "2", "--workers", "1", "--batches", "10",
+                   "--plain-seconds", "0", "--spread-batches", "10"])
+    last = capsys.readouterr().out.splitlines()[-1]
+    spread = re.fullmatch(r"The same shares stepped one after another in plain loops in one process: the slowest "
+                          r"share of a batch took ([\d.]+) times the mean share \(the envs' own step times vary\), "
+                          r"so lock-step at the plain pace would reach ([\d.]+) of it\.", last)
+    assert 1.4 < float(spread[1]) < 1.65 and abs(float(spread[2]) - 1 / float(spread[1])) < 0.006
 
 
 def test_counts_below_one_are_refused(capsys):

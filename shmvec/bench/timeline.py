@@ -8,7 +8,13 @@ into the caller's own slice of envs, the wait for the workers after it, and
 the rest (the front end: actions in, results out, the loop). It prints
 microseconds per batch averaged over windows of ``--window`` batches, so
 that a stretch where one CPU runs slower than another shows: the caller's
-slice grows when its CPU slows down, the wait when a worker's does. A
+slice grows when its CPU slows down, the wait when a worker's does.
+
+Before that it times a plain single-env loop (the pace a batch could keep
+on every CPU); after it, the vector env's shares of envs (one per process)
+stepped one after another in plain loops in this process. How much longer
+the slowest share of a batch takes than the mean share, on one CPU, is what
+lock-step over fixed shares costs from the envs' own step times alone. A
 diagnostic that wraps two of shmvec's internals (``EnvSlice.step`` and
 ``WorkerPool.wait``), not a benchmark: ``shmvec bench --backends
 shmvec,uncoupled`` measures what lock-step costs.
@@ -25,9 +31,9 @@ import numpy as np
 from shmvec._engine.env_slice import EnvSlice
 from shmvec._engine.pool import WorkerPool
 from shmvec.bench.command import _count, _workers
-from shmvec.bench.measure import action_batches, single_env_rate
+from shmvec.bench.measure import action_batches, plain_step, single_env_rate
 from shmvec.bench.passes import _layout
-from shmvec.bench.peers import build
+from shmvec.bench.peers import build, env_factory
 
 PARTS = ("slice", "wait")
 
@@ -57,20 +63,21 @@ def timed_parts(last: dict[str, int]):
 
 
 def timeline(spec: str, num_envs: int, batches: int, num_workers: int | None = None, atari: bool = False,
-             warmup: int = 200) -> tuple[np.ndarray, str, int]:
+             warmup: int = 200) -> tuple[np.ndarray, str, list[int]]:
     """(batches, 3) microseconds of each batch (total, caller slice, wait),
-    what the vector env was made of, and the most envs any process steps."""
+    what the vector env was made of, and how many envs each process steps
+    (the caller's share first)."""
     envs = build("shmvec", spec, num_envs, atari=atari, num_workers=num_workers)
     last = dict.fromkeys(PARTS, 0)
     times = np.zeros((warmup + batches, 3))
     try:
         engine = envs._engine
         caller = len(engine._caller.rows) if engine._caller is not None else 0
-        shares = ", ".join(str(len(rows)) for rows in engine.worker_rows)
+        worker_shares = ", ".join(str(len(rows)) for rows in engine.worker_rows)
         pinned = "pinned" if _layout(envs)["pinned"] else "unpinned"
-        workers = (f"{envs.num_workers} {pinned} worker{'s' * (envs.num_workers > 1)} {shares}"
+        workers = (f"{envs.num_workers} {pinned} worker{'s' * (envs.num_workers > 1)} {worker_shares}"
                    if envs.num_workers else "no workers")
-        largest = max(len(rows) for rows in engine._slice_rows())
+        shares = [len(rows) for rows in engine._slice_rows()]
         layout = f"the caller steps {caller} env{'s' * (caller != 1)}, {workers}"
         envs.reset(seed=0)
         actions = action_batches(envs.single_action_space, num_envs)
@@ -82,12 +89,41 @@ def timeline(spec: str, num_envs: int, batches: int, num_workers: int | None = N
                 times[i] = time.perf_counter_ns() - start, last["slice"], last["wait"]
     finally:
         envs.close()
-    return times[warmup:] / 1000, layout, largest
+    return times[warmup:] / 1000, layout, shares
 
 
-def report(times: np.ndarray, window: int, plain_us: float | None = None, largest: int = 0) -> str:
+def share_spread(spec: str, shares: list[int], batches: int, atari: bool = False, warmup: int = 50) -> float:
+    """Steps `shares` (envs per process) one after another in plain loops in
+    this process, `batches` times; returns the slowest share's time over
+    the mean share's, each averaged over the batches. On one CPU, at one
+    moment, this is the lock-step cost of the envs' step times alone."""
+    envs = [env_factory(spec, atari)() for _ in range(sum(shares))]
+    try:
+        for seed, env in enumerate(envs):
+            env.reset(seed=seed)
+        steps = [plain_step(env) for env in envs]
+        actions = action_batches(envs[0].action_space, len(envs))
+        bounds = np.cumsum([0] + shares)
+        times = np.zeros((warmup + batches, len(shares)))
+        for b, batch in enumerate(times):
+            action = actions[b % len(actions)]
+            for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+                start = time.perf_counter_ns()
+                for row in range(lo, hi):
+                    steps[row](action[row])
+                batch[k] = time.perf_counter_ns() - start
+    finally:
+        for env in envs:
+            env.close()
+    times = times[warmup:]
+    return float(times.max(axis=1).mean() / times.mean())
+
+
+def report(times: np.ndarray, window: int, plain_us: float | None = None, largest: int = 0,
+           spread: float | None = None) -> str:
     """The table; with `plain_us` (a plain single-env loop's step), what a
-    batch would take at that pace, `largest` envs per process."""
+    batch would take at that pace, `largest` envs per process; with `spread`
+    (see share_spread), what lock-step over the shares costs by itself."""
     lines = [f"{'batches':>13}{'total us':>10}{'slice':>8}{'wait':>8}{'rest':>8}"]
     for start in range(0, len(times), window):
         total, caller, wait = times[start:start + window].mean(axis=0)
@@ -101,6 +137,10 @@ def report(times: np.ndarray, window: int, plain_us: float | None = None, larges
         pace = largest * plain_us
         lines.append(f"A plain single-env loop here steps in {plain_us:.1f} us: a batch at that pace on every CPU "
                      f"({largest} envs per process) takes {pace:.0f} us, {pace / total:.2f} of this run's.")
+    if spread is not None:
+        lines.append(f"The same shares stepped one after another in plain loops in one process: the slowest share "
+                     f"of a batch took {spread:.3f} times the mean share (the envs' own step times vary), so "
+                     f"lock-step at the plain pace would reach {1 / spread:.2f} of it.")
     return "\n".join(lines)
 
 
@@ -118,11 +158,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plain-seconds", type=float, default=2.0,
                         help="time a plain single-env loop for this long first, for the pace of a batch without "
                              "a vector env (default 2; 0: not)")
+    parser.add_argument("--spread-batches", type=int, default=1000,
+                        help="then step the processes' shares one after another in plain loops in this process "
+                             "this many times, to see how unevenly long they take (default 1000; 0: not)")
     args = parser.parse_args(argv)
     plain_us = 1e6 / single_env_rate(args.env, args.plain_seconds, args.atari) if args.plain_seconds > 0 else None
-    times, layout, largest = timeline(args.env, args.num_envs, args.batches, args.workers, args.atari)
+    times, layout, shares = timeline(args.env, args.num_envs, args.batches, args.workers, args.atari)
+    spread = (share_spread(args.env, shares, args.spread_batches, args.atari)
+              if args.spread_batches > 0 and len(shares) > 1 else None)
     print(f"{args.env} x{args.num_envs}: {layout}; microseconds per batch, windows of {args.window} batches")
-    print(report(times, args.window, plain_us, largest))
+    print(report(times, args.window, plain_us, max(shares), spread))
 
 
 if __name__ == "__main__":
