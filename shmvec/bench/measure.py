@@ -24,7 +24,7 @@ from shmvec._engine.plan import split_slices
 from shmvec._engine.system import usable_cpus
 from shmvec.bench.peers import env_factory, single_action_space
 
-__all__ = ["action_batches", "step_for", "warmup_seconds", "vector_rate", "async_rate", "mlp_policy",
+__all__ = ["action_batches", "plain_envs", "step_for", "warmup_seconds", "vector_rate", "async_rate", "mlp_policy",
            "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "FreshProcess", "isolated"]
 
 ACTION_BATCHES = 64  # cycled through, so that making actions costs nothing in the timed loop
@@ -163,11 +163,17 @@ def single_env_rate(spec: str, seconds: float, atari: bool = False) -> float:
 _loop: list = []  # this process's plain loop (envs, step, actions), between _prepare_loop and _run_loop
 
 
-def _prepare_loop(spec: str, atari: bool, warmup: float, count: int = 1) -> None:
+def plain_envs(spec: str, atari: bool, count: int) -> tuple[list, list[Callable[[Any], None]]]:
+    """`count` envs of `spec`, reset with seeds 0, 1, ..., and each one's
+    plain_step."""
     envs = [env_factory(spec, atari)() for _ in range(count)]
     for seed, env in enumerate(envs):
         env.reset(seed=seed)
-    steps = [plain_step(env) for env in envs]
+    return envs, [plain_step(env) for env in envs]
+
+
+def _prepare_loop(spec: str, atari: bool, warmup: float, count: int = 1) -> None:
+    envs, steps = plain_envs(spec, atari, count)
 
     def step_all(action) -> None:  # every env of the loop, one after another, with the same action
         for one in steps:

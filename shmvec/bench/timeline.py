@@ -31,9 +31,9 @@ import numpy as np
 from shmvec._engine.env_slice import EnvSlice
 from shmvec._engine.pool import WorkerPool
 from shmvec.bench.command import _count, _workers
-from shmvec.bench.measure import action_batches, plain_step, single_env_rate
+from shmvec.bench.measure import action_batches, plain_envs, single_env_rate
 from shmvec.bench.passes import _layout
-from shmvec.bench.peers import build, env_factory
+from shmvec.bench.peers import build
 
 PARTS = ("slice", "wait")
 
@@ -97,11 +97,8 @@ def share_spread(spec: str, shares: list[int], batches: int, atari: bool = False
     this process, `batches` times; returns the slowest share's time over
     the mean share's, each averaged over the batches. On one CPU, at one
     moment, this is the lock-step cost of the envs' step times alone."""
-    envs = [env_factory(spec, atari)() for _ in range(sum(shares))]
+    envs, steps = plain_envs(spec, atari, sum(shares))
     try:
-        for seed, env in enumerate(envs):
-            env.reset(seed=seed)
-        steps = [plain_step(env) for env in envs]
         actions = action_batches(envs[0].action_space, len(envs))
         bounds = np.cumsum([0] + shares)
         times = np.zeros((warmup + batches, len(shares)))
@@ -158,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plain-seconds", type=float, default=2.0,
                         help="time a plain single-env loop for this long first, for the pace of a batch without "
                              "a vector env (default 2; 0: not)")
-    parser.add_argument("--spread-batches", type=int, default=1000,
+    parser.add_argument("--spread-batches", type=_workers, default=1000,
                         help="then step the processes' shares one after another in plain loops in this process "
                              "this many times, to see how unevenly long they take (default 1000; 0: not)")
     args = parser.parse_args(argv)
