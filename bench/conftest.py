@@ -36,6 +36,8 @@ GOALS = [
     ("startup-64-fork", "async", "shmvec", 5),
     ("startup-64-forkserver", "async", "shmvec", 5),
     ("straggler-32", "shmvec-async", "shmvec-lockstep", 2.5),
+    # async mode's bookkeeping per batch, where nothing overlaps (no workers)
+    ("cartpole-async-256-no-workers", "shmvec-async", "shmvec-lockstep", 0.95),
     ("sb3-step-64", "shmvec", "dummy", 1),
     ("sb3-step-64", "shmvec", "subproc", 1),
     ("sb3-step-8", "shmvec", "subproc", 1),

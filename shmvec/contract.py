@@ -90,20 +90,18 @@ def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pe
     ids = np.asarray(env_ids)
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
-    if ids.size:
-        # One reduction and two counts (send()'s path): the max first, so that
-        # bincount never sizes its counts by a huge id; it refuses negative ones.
-        try:
-            counts = None if ids.max() >= num_envs else np.bincount(ids.astype(np.intp, copy=False))
-        except ValueError:
-            counts = None
-        if counts is None:
-            raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
-        if np.count_nonzero(counts) < ids.size:  # a repeat; no sort, unlike np.unique
-            raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
-    busy = ids[in_flight[ids]]
-    if busy.size:
-        raise ValueError(f"envs {busy.tolist()} are already in flight: recv() them before sending again")
+    # send()'s path: no reduction (a numpy reduction costs a microsecond).
+    # Indexing the mask refuses ids >= num_envs (and < -num_envs); bincount,
+    # sized by ids known to be in range now, refuses the negative ones left.
+    try:
+        busy = in_flight[ids]
+        counts = np.bincount(ids.astype(np.intp, copy=False))
+    except (IndexError, ValueError):
+        raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}") from None
+    if np.count_nonzero(counts) < ids.size:  # a repeat; no sort, unlike np.unique
+        raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
+    if np.count_nonzero(busy):
+        raise ValueError(f"envs {ids[busy].tolist()} are already in flight: recv() them before sending again")
     waiting = set(reset_pending).intersection(ids.tolist()) if reset_pending else None
     if waiting:
         raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")

@@ -142,7 +142,10 @@ def test_misuse_is_an_error(async_envs):
     ids = infos["env_id"]
     with pytest.raises(ValueError, match="shape"):
         envs.send(np.zeros(3, dtype=np.int64), ids)  # count differs from ids
-    for out_of_range in ([7], [-1], np.array([-1], dtype=np.int8), [2**62], np.array([2**63], dtype=np.uint64)):
+    # -4 and 2**64 - 1 index the 4 envs' mask without an error (a negative
+    # index, and a uint64 read as -1): they must be refused all the same.
+    for out_of_range in ([7], [-1], [-4], np.array([-1], dtype=np.int8), [2**62],
+                         np.array([2**63], dtype=np.uint64), np.array([2**64 - 1], dtype=np.uint64)):
         with pytest.raises(ValueError, match=r"\[0, 4\)"):
             envs.send(np.zeros(1, dtype=np.int64), out_of_range)
     with pytest.raises(ValueError, match="repeated"):
