@@ -72,19 +72,18 @@ class SendRecv:
         del self._reset_ready[: self.batch_size]
         records = [self._reset_records.pop(r) for r in rows if r in self._reset_records]
         steps = self._engine.async_steps
-        ids = None
+        done = None
         while len(rows) < self.batch_size:
             finished = steps.recv(self.batch_size - len(rows))
             if self._engine.restarted_rows:
                 self._send_again(self._engine.restarted_rows)
                 continue
-            ids = np.array(finished, dtype=np.int64)  # an array indexes faster than a list
-            self._in_flight[ids] = False
-            ids = ids if not rows else None  # the batch's ids, if these are all of it
+            done = np.array(finished, dtype=np.int64)  # an array indexes faster than a list
+            self._in_flight[done] = False
             rows += finished
             records += steps.records(finished)
-        if ids is None:
-            ids = np.asarray(rows, dtype=np.int64)
+        # The last envs to finish are usually the whole batch: their array serves.
+        ids = done if done is not None and len(done) == len(rows) else np.asarray(rows, dtype=np.int64)
         infos = vectorize_batch(self._io, records, rows)  # first: it stores observation leaves without a fixed shape
         infos["env_id"] = ids
         io = self._io
