@@ -46,7 +46,8 @@ class ShmVecEnv(VecEnv):
         num_workers: worker processes; by default one per usable CPU, less one
             when the caller steps a slice itself.
         caller_steps: the calling process steps one slice of envs itself while
-            the workers step the rest (best on few cores).
+            the workers step the rest (best on few cores). Left unset, it does
+            when envs and a usable CPU remain besides one per worker.
         pin_workers: ``"auto"`` (default), ``False``, ``True`` or a list of CPU ids
             (as for ``shmvec.ShmVecEnv``).
         start_method: ``"forkserver"`` (default), ``"fork"`` or ``"spawn"``.
@@ -74,7 +75,7 @@ class ShmVecEnv(VecEnv):
         env_fns: Sequence[Callable[[], gym.Env]],
         *,
         num_workers: int | None = None,
-        caller_steps: bool = True,
+        caller_steps: bool | None = None,
         pin_workers: bool | str | Sequence[int] = "auto",
         start_method: str | None = None,
         timeout: float | None = None,

@@ -59,11 +59,14 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             when the caller steps a slice itself.
         caller_steps: the calling process steps one slice of envs itself while
             the workers step the rest, instead of idling (best on few cores).
-            With ``num_workers=0`` every env steps in the caller.
+            Left unset, it does when envs and a usable CPU remain besides one
+            per worker (in async mode only without workers). With
+            ``num_workers=0`` every env steps in the caller.
         pin_workers: ``"auto"`` (pin each worker to its own CPU when every
             worker gets one that no other shmvec env, of this program or
-            another, holds, leaving one for the caller), ``True`` (pin,
-            sharing CPUs if too few are free), ``False``, or a list of CPU ids.
+            another, holds, leaving one for the caller if it steps a slice
+            or runs the policy in async mode), ``True`` (pin, sharing CPUs
+            if too few are free), ``False``, or a list of CPU ids.
         start_method: ``"forkserver"`` (default, with numpy and gymnasium
             preloaded), ``"fork"`` or ``"spawn"``.
         autoreset_mode: an ``AutoresetMode`` or its value as a string

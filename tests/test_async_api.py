@@ -258,6 +258,33 @@ def test_default_workers_leave_out_the_cpus_other_programs_keep_busy(monkeypatch
     assert plan.plan_slices(64, 4, None, async_mode=False, busy_cpus=busy) == (4, True)  # an explicit count stands
 
 
+@pytest.mark.parametrize("cpus, num_workers, caller_steps", [(2, 1, True), (2, 2, False), (2, 3, False),
+                                                           (16, 2, True), (16, 15, True), (16, 16, False)])
+def test_explicit_workers_leave_the_caller_a_slice_only_with_a_cpu_for_it(monkeypatch, cpus, num_workers,
+                                                                          caller_steps):
+    # Left unset, the caller steps a slice only if a CPU is left for it: with
+    # the workers on every CPU it would be one stepping process more than the
+    # CPUs, and each batch would wait for turns (CartPole x64, num_workers=2
+    # on 2 CPUs: 1.43x SyncVectorEnv with the caller stepping, 1.96x without).
+    from shmvec._engine import plan
+
+    monkeypatch.setattr(plan, "usable_cpus", lambda: cpus)
+    assert plan.plan_slices(64, num_workers, None, async_mode=False) == (num_workers, caller_steps)
+    assert plan.plan_slices(64, num_workers, True, async_mode=False) == (num_workers, True)  # as told
+
+
+def test_explicit_workers_filling_the_cpus_step_every_env(monkeypatch, closing):
+    from shmvec._engine import plan
+
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 2)
+    fns = [lambda: gym.make("CartPole-v1")] * 4
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, start_method="fork")
+    closing(envs)
+    assert envs._engine.worker_rows == [range(0, 2), range(2, 4)]
+    envs.reset(seed=0)
+    envs.step(np.zeros(4, dtype=np.int64))
+
+
 def test_fewer_workers_for_busy_cpus_are_said_with_the_setting_that_restores_them(monkeypatch):
     # The busy-CPU choice lasts for the env's life and is otherwise
     # invisible: a PerformanceWarning names it, at the user's line, with

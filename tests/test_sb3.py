@@ -153,6 +153,17 @@ def test_same_as_dummy(space, layout, closing):
     run_lockstep(venv, ref, steps=60)
 
 
+def test_explicit_workers_plan_as_in_the_gymnasium_front_end(monkeypatch, closing):
+    # caller_steps left unset is decided by shmvec here too: with the
+    # workers on every CPU the caller steps no slice of its own.
+    from shmvec._engine import plan
+
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 2)
+    fns = [spaces_env("box")] * N
+    assert closing(make("shmvec", fns, num_workers=2))._engine.worker_rows == [range(0, 2), range(2, 4)]
+    assert closing(make("shmvec", fns, num_workers=1))._engine.worker_rows == [range(2, 4)]
+
+
 def test_step_outputs_have_dummy_types(closing):
     venv = closing(make("shmvec", [spaces_env("box", terminate_prob=0.3)] * N))
     venv.seed(1)

@@ -42,8 +42,9 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
     would get: a choice otherwise invisible, lasting for the env's life. An
     explicit count stands, but if it is more than the idle CPUs hold, its
     processes wait for each other's turns at every step (CartPole x64 beside
-    two CPU hogs on 2 CPUs: num_workers=2 ran at 0.72x SyncVectorEnv, the
-    default 1.11x; see docs/performance-history.md)."""
+    two CPU hogs on 2 CPUs, medians of 6 fresh processes: num_workers=1 ran
+    at 0.72x SyncVectorEnv, 0.65-1.35 per process, the default 1.07x,
+    1.04-1.21; see docs/performance-history.md)."""
     if not busy_cpus:
         return None
     found = f"shmvec found {busy_cpus} of this process's {usable_cpus()} CPUs kept busy by other programs"
@@ -57,8 +58,9 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
     chosen, _ = plan_slices(num_envs, None, None, async_mode, busy_cpus)
     if num_workers <= chosen:
         return None
-    return (f"{found}: num_workers={num_workers} runs more processes than the CPUs left idle (the caller counts "
-            f"as one), and each then waits for the others' turns at every step. With num_workers unset, shmvec "
+    caller = " (the caller counts as one: it steps a slice)" if caller_steps else ""
+    return (f"{found}: num_workers={num_workers} runs more processes than the CPUs left idle{caller}, "
+            f"and each then waits for the others' turns at every step. With num_workers unset, shmvec "
             f"runs {chosen} worker processes here ({_stepping(chosen)}). It looked once, when the env was made.")
 
 
@@ -75,8 +77,8 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
     async mode, where send() must return at once and the caller's CPU runs
     the user's policy; there it steps envs only when it has no workers (all
     of them, in recv()). With an explicit `num_workers`, every worker gets at
-    least one env, and the caller steps a slice of its own only if envs are
-    left after that (unless told otherwise)."""
+    least one env, and the caller steps a slice of its own only if envs and a
+    usable CPU are left after that (unless told otherwise)."""
     if num_workers is not None and num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} is more than the {num_envs} envs: "
                          "each worker needs at least one env")
@@ -86,7 +88,12 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
         if caller_steps is None:
             caller_steps = num_workers == 0
     elif caller_steps is None:
-        caller_steps = num_workers is None or num_workers < num_envs
+        # A slice for the caller only with a CPU left for it: one stepping
+        # process more than the CPUs makes every batch wait for turns
+        # (CartPole x64, num_workers=2 on 2 CPUs: 1.43x SyncVectorEnv with
+        # the caller stepping, 1.96x without; beside two CPU hogs 0.74x and
+        # 1.09x; medians of 6 fresh processes).
+        caller_steps = num_workers is None or num_workers < min(num_envs, usable_cpus())
     if num_workers is None:
         num_workers = default_num_workers(num_envs, caller_steps, async_mode, busy_cpus)
     if caller_steps and num_workers >= num_envs:
