@@ -331,9 +331,11 @@ def test_explicit_workers_beyond_the_idle_cpus_are_warned_with_the_setting_that_
     # 4 CPUs, 1 busy: two workers and the caller fit, a third worker does not
     monkeypatch.setattr(plan, "usable_cpus", lambda: 4)
     assert plan.busy_cpus_note(64, 2, 2, True, False, busy_cpus=1) is None
-    assert "num_workers=3 runs more" in plan.busy_cpus_note(64, 3, 3, True, False, busy_cpus=1)
-    assert "num_workers=3 runs more" in plan.busy_cpus_note(64, 3, 3, False, False, busy_cpus=1)
+    assert "(the caller counts as one: it steps a slice)" in plan.busy_cpus_note(64, 3, 3, True, False, busy_cpus=1)
+    assert plan.busy_cpus_note(64, 3, 3, False, False, busy_cpus=1) is None  # a caller that steps none: they fit
+    assert "num_workers=4 runs more" in plan.busy_cpus_note(64, 4, 4, False, False, busy_cpus=1)
     assert plan.busy_cpus_note(64, 3, 3, True, False, busy_cpus=0) is None  # an idle machine holds them
     # async mode: the caller runs the policy, the workers step
     assert plan.busy_cpus_note(64, 2, 2, False, True, busy_cpus=1) is None
-    assert "num_workers=3 runs more" in plan.busy_cpus_note(64, 3, 3, False, True, busy_cpus=1)
+    assert "num_workers=3 runs more processes than the CPUs left idle (the caller counts as one: it runs the " \
+           "policy)" in plan.busy_cpus_note(64, 3, 3, False, True, busy_cpus=1)

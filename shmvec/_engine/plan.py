@@ -55,10 +55,12 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
         return (f"{found}, so it runs {num_workers} worker processes instead of {idle_default} "
                 f"({_stepping(num_workers)}): processes beyond the idle CPUs wait for each other at every step. "
                 f"It looked once, when the env was made; pass num_workers={idle_default} to run them anyway.")
-    chosen, _ = plan_slices(num_envs, None, None, async_mode, busy_cpus)
-    if num_workers <= chosen:
+    # The caller counts as one where it steps a slice or runs the policy.
+    if num_workers + (1 if caller_steps or async_mode else 0) <= usable_cpus() - busy_cpus:
         return None
-    caller = " (the caller counts as one: it steps a slice)" if caller_steps else ""
+    chosen, _ = plan_slices(num_envs, None, None, async_mode, busy_cpus)
+    caller = (" (the caller counts as one: it runs the policy)" if async_mode
+              else " (the caller counts as one: it steps a slice)" if caller_steps else "")
     return (f"{found}: num_workers={num_workers} runs more processes than the CPUs left idle{caller}, "
             f"and each then waits for the others' turns at every step. With num_workers unset, shmvec "
             f"runs {chosen} worker processes here ({_stepping(chosen)}). It looked once, when the env was made.")
