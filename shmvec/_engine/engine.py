@@ -25,7 +25,7 @@ from shmvec._engine.cycle import CommandCycle, Phase
 from shmvec._engine.env_slice import EnvSlice, make_envs
 from shmvec._engine.info_columns import InfoColumns
 from shmvec._engine.layout import DataLayout
-from shmvec._engine.plan import (busy_cpus_note, check_observation_spaces, check_options, plan_slices,
+from shmvec._engine.plan import (busy_cpus_note, caller_cpus, check_observation_spaces, check_options, plan_slices,
                                  split_slices)
 from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool, live_worker_pids
 from shmvec._engine.system import IS_LINUX, cpus_busy_elsewhere
@@ -92,7 +92,7 @@ class Engine(CommandRunner):
         self.transport: Transport | None = None
         self.async_steps: AsyncSteps | CallerSteps | None = None  # send/recv, in async mode
         try:
-            self._start(env_fns, pin_workers, leave_free=1 if caller_steps or async_mode else 0, busy_cpus=busy_cpus)
+            self._start(env_fns, pin_workers, leave_free=caller_cpus(caller_steps, async_mode), busy_cpus=busy_cpus)
             if caller_rows is not None:
                 factories = [env_fns[i] for i in caller_rows]
                 self._caller = EnvSlice(make_envs(factories, caller_rows.start), caller_rows.start)

@@ -11,10 +11,16 @@ import numpy as np
 
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
-__all__ = ["START_METHODS", "check_options", "default_num_workers", "busy_cpus_note", "plan_slices", "split_slices",
-           "check_pin_workers", "check_observation_spaces"]
+__all__ = ["START_METHODS", "check_options", "caller_cpus", "default_num_workers", "busy_cpus_note", "plan_slices",
+           "split_slices", "check_pin_workers", "check_observation_spaces"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
+
+
+def caller_cpus(caller_steps: bool, async_mode: bool) -> int:
+    """The CPUs the caller itself keeps busy: one where it steps a slice or,
+    in async mode, runs the user's policy while the workers step."""
+    return 1 if caller_steps or async_mode else 0
 
 
 def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False, busy_cpus: int = 0) -> int:
@@ -29,7 +35,7 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     processes: 1.07-1.26x SyncVectorEnv without a worker, 0.64-1.35x with
     one). `caller_steps` False: the caller may not step, so at least one
     worker."""
-    slots = usable_cpus() - busy_cpus - (1 if caller_steps or async_mode else 0)
+    slots = usable_cpus() - busy_cpus - caller_cpus(caller_steps, async_mode)
     cap = num_envs - (1 if caller_steps and not async_mode else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
 
@@ -55,8 +61,7 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
         return (f"{found}, so it runs {num_workers} worker processes instead of {idle_default} "
                 f"({_stepping(num_workers)}): processes beyond the idle CPUs wait for each other at every step. "
                 f"It looked once, when the env was made; pass num_workers={idle_default} to run them anyway.")
-    # The caller counts as one where it steps a slice or runs the policy.
-    if num_workers + (1 if caller_steps or async_mode else 0) <= usable_cpus() - busy_cpus:
+    if num_workers + caller_cpus(caller_steps, async_mode) <= usable_cpus() - busy_cpus:
         return None
     chosen, _ = plan_slices(num_envs, None, None, async_mode, busy_cpus)
     caller = (" (the caller counts as one: it runs the policy)" if async_mode
