@@ -24,6 +24,7 @@ pytest.importorskip("stable_baselines3")
 import torch
 from benchlib import record
 from stable_baselines3 import PPO
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
 from shmvec.sb3 import ShmVecEnv
@@ -42,9 +43,12 @@ VEC_ENVS = {
 
 
 def ppo(venv) -> PPO:
-    """PPO with rl-zoo's CartPole settings."""
-    return PPO("MlpPolicy", venv, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
-               ent_coef=0.0, learning_rate=1e-3, seed=0, device="cpu")
+    """PPO with rl-zoo's CartPole settings, logging nowhere (by default SB3
+    makes a folder in the system's temp dir for every learn())."""
+    model = PPO("MlpPolicy", venv, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                ent_coef=0.0, learning_rate=1e-3, seed=0, device="cpu")
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
 
 
 @pytest.fixture(scope="module")

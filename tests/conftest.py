@@ -17,6 +17,19 @@ def pytest_sessionstart(session):
                     "run pytest from the repository root with the `pytest` command", returncode=3)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sb3_logs_in_pytest_temp(tmp_path_factory):
+    """SB3 makes a log folder in the system's temp dir for every learn()
+    unless SB3_LOGDIR names one: keep them with pytest's temporary files."""
+    before = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3-logs"))
+    yield
+    if before is None:
+        del os.environ["SB3_LOGDIR"]
+    else:
+        os.environ["SB3_LOGDIR"] = before
+
+
 @pytest.fixture
 def closing():
     """Registers vector envs to close after the test, whatever happens."""

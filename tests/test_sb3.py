@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import pathlib
 import subprocess
 import sys
 
@@ -394,8 +395,10 @@ ALGOS = {
 
 
 @pytest.mark.parametrize("algo", list(ALGOS))
-def test_training_is_the_same_as_with_dummy(algo, closing):
-    """Same seed, same envs: the trained weights are bit for bit DummyVecEnv's."""
+def test_training_is_the_same_as_with_dummy(algo, closing, tmp_path_factory):
+    """Same seed, same envs: the trained weights are bit for bit DummyVecEnv's.
+    SB3's logger folder lands in pytest's temporary files, not in the
+    system's temp dir (SB3 makes one per learn() unless SB3_LOGDIR says where)."""
     cls, env_id, kwargs, steps = ALGOS[algo]
     weights = []
     for vec_env_cls, vec_kwargs in ((DummyVecEnv, None), (ShmVecEnv, SHM)):
@@ -403,6 +406,7 @@ def test_training_is_the_same_as_with_dummy(algo, closing):
         model = cls("MlpPolicy", venv, seed=0, device="cpu", policy_kwargs={"net_arch": [16]}, **kwargs)
         model.learn(steps)
         assert model.num_timesteps >= steps
+        assert pathlib.Path(model.logger.get_dir()).is_relative_to(tmp_path_factory.getbasetemp())
         weights.append(model.policy.state_dict())
     assert weights[0].keys() == weights[1].keys()
     for key in weights[0]:
