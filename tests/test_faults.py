@@ -431,9 +431,11 @@ def script_env() -> dict:
 def test_workers_exit_when_front_end_is_sigkilled(start_method, tmp_path):
     script = tmp_path / "front.py"
     script.write_text(PARENT_SCRIPT)
+    # A SIGKILLed process cannot remove multiprocessing's temp dir (the fork
+    # server's socket): let it land in this test's own.
+    env = dict(script_env(), TMPDIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, str(script), start_method], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=script_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
         assert line.strip(), f"the script failed: {proc.stderr.read() if proc.poll() is not None else ''}"
