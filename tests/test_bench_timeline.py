@@ -81,6 +81,42 @@ def test_with_workers_the_shares_spread_is_the_last_line(capsys):
     assert 1.45 < float(spread[1]) < 1.85 and abs(float(spread[2]) - 1 / float(spread[1])) < 0.006
 
 
+def test_steps_by_env_times_the_callers_envs_in_the_order_it_steps_them():
+    """UnevenEnv reset with seed 0 steps in 4 ms, the others in 0.5 ms: the
+    first column is the slow one, in the vector env and in the plain loop
+    (the same seeds)."""
+    in_vector, in_loop = timeline.steps_by_env("test_bench_timeline:UnevenEnv", 3, batches=6, num_workers=0,
+                                               warmup=1)
+    for times in (in_vector, in_loop):
+        assert times.shape == (3,)
+        assert 4000 <= times[0] < 8000 and (500 <= times[1:]).all() and (times[1:] < 2500).all()
+
+
+def test_steps_by_env_covers_only_the_callers_own_envs():
+    in_vector, in_loop = timeline.steps_by_env("test_bench_timeline:WorkerSlowEnv", 3, batches=4, num_workers=1,
+                                               warmup=1)
+    assert in_vector.shape == in_loop.shape and 1 <= len(in_vector) < 3  # the worker's envs (4 ms) are not timed
+    assert (CALLER_S * 1e6 <= in_vector).all() and (in_vector < WORKER_S * 1e6).all()
+    # Two workers for two envs: the caller steps none.
+    assert timeline.steps_by_env("test_bench_timeline:WorkerSlowEnv", 2, batches=2, num_workers=2, warmup=1) is None
+
+
+def test_by_env_prints_both_rows_and_the_cost_over_the_plain_loop(capsys):
+    timeline.main(["test_bench_timeline:UnevenEnv", "--num-envs", "2", "--workers", "0", "--batches", "3",
+                   "--plain-seconds", "0", "--by-env"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-4] == "The caller's envs one by one (--by-env), median us a step, in the order it steps them:"
+    rows = [re.fullmatch(rf"{label} +([\d.]+) +([\d.]+)", line) for label, line in
+            zip(("in the vector env", "in a plain loop"), lines[-3:-1])]
+    assert all(rows) and all(float(row[1]) > 4 * float(row[2]) for row in rows), lines[-3:-1]
+    cost = re.fullmatch(r"Over the plain loop: the first env ([+-][\d.]+) us, each of the others ([+-][\d.]+) us "
+                        r"on average; the slice ([+-][\d.]+) us, ([\d.]+) times as long\.", lines[-1])
+    assert cost, lines[-1]
+    vector, loop = ([float(row[1]), float(row[2])] for row in rows)
+    assert abs(float(cost[3]) - (sum(vector) - sum(loop))) < 0.15
+    assert abs(float(cost[4]) - sum(vector) / sum(loop)) < 0.0006
+
+
 def test_counts_below_one_are_refused(capsys):
     for option in ("--num-envs", "--batches", "--window"):
         with pytest.raises(SystemExit):

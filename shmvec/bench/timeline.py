@@ -14,7 +14,12 @@ Before that it times a plain single-env loop (the pace a batch could keep
 on every CPU); after it, the vector env's shares of envs (one per process)
 stepped one after another in plain loops in this process. How much longer
 the slowest share of a batch takes than the mean share, on one CPU, is what
-lock-step over fixed shares costs from the envs' own step times alone. A
+lock-step over fixed shares costs from the envs' own step times alone. With
+``--by-env``, it then times each of the caller's own envs step by step,
+in the vector env and in a plain loop over the same envs: whatever runs
+between two of the caller's slices (the wait, the front end, the user's
+code) leaves the envs' code and data less warm in the CPU's caches, and
+the first env stepped after it pays most of that. A
 diagnostic that wraps two of shmvec's internals (``EnvSlice.step`` and
 ``WorkerPool.wait``), not a benchmark: ``shmvec bench --backends
 shmvec,uncoupled`` measures what lock-step costs.
@@ -23,17 +28,19 @@ shmvec,uncoupled`` measures what lock-step costs.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from contextlib import contextmanager
 
+import gymnasium as gym
 import numpy as np
 
 from shmvec._engine.env_slice import EnvSlice
 from shmvec._engine.pool import WorkerPool
 from shmvec.bench.command import _count, _workers
-from shmvec.bench.measure import action_batches, plain_envs, single_env_rate
+from shmvec.bench.measure import action_batches, plain_envs, plain_step, single_env_rate
 from shmvec.bench.passes import _layout
-from shmvec.bench.peers import build
+from shmvec.bench.peers import build, env_factory
 
 PARTS = ("slice", "wait")
 
@@ -116,6 +123,74 @@ def share_spread(spec: str, shares: list[int], batches: int, atari: bool = False
     return float(times.max(axis=1).mean() / times.mean())
 
 
+class StepClock(gym.Wrapper):
+    """Keeps the nanoseconds of each step() of the env it wraps in `times`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.times: list[int] = []
+
+    def step(self, action):
+        start = time.perf_counter_ns()
+        result = self.env.step(action)
+        self.times.append(time.perf_counter_ns() - start)
+        return result
+
+
+def _clocked(factory) -> StepClock:
+    return StepClock(factory())
+
+
+def steps_by_env(spec: str, num_envs: int, batches: int, num_workers: int | None = None, atari: bool = False,
+                 warmup: int = 200) -> tuple[np.ndarray, np.ndarray] | None:
+    """Median microseconds of each step of the caller's own envs, in the
+    order the caller steps them: in a ``ShmVecEnv`` (as `timeline` makes
+    it), then in a plain loop over as many envs with the same seeds, one
+    after another with nothing in between. None if the caller steps no env."""
+    from shmvec import ShmVecEnv
+
+    clocked = functools.partial(_clocked, env_factory(spec, atari))
+    envs = ShmVecEnv([clocked] * num_envs, num_workers=num_workers)
+    try:
+        caller = envs._engine._caller
+        if caller is None:
+            return None
+        envs.reset(seed=0)
+        actions = action_batches(envs.single_action_space, num_envs)
+        for i in range(warmup + batches):
+            envs.step(actions[i % len(actions)])
+        in_vector = np.array([np.median(env.times[warmup:]) for env in caller.envs]) / 1000
+    finally:
+        envs.close()
+    plain = [clocked() for _ in in_vector]
+    try:
+        for seed, env in enumerate(plain):
+            env.reset(seed=seed)
+        steps = [plain_step(env) for env in plain]
+        actions = action_batches(plain[0].action_space, len(plain))
+        for i in range(warmup + batches):
+            for step, action in zip(steps, actions[i % len(actions)]):
+                step(action)
+        in_loop = np.array([np.median(env.times[warmup:]) for env in plain]) / 1000
+    finally:
+        for env in plain:
+            env.close()
+    return in_vector, in_loop
+
+
+def report_by_env(in_vector: np.ndarray, in_loop: np.ndarray) -> str:
+    """The table of steps_by_env, one column per env, and what the first
+    env and the rest cost over the plain loop."""
+    lines = ["The caller's envs one by one (--by-env), median us a step, in the order it steps them:",
+             f"{'in the vector env':<20}" + "".join(f"{t:>7.1f}" for t in in_vector),
+             f"{'in a plain loop':<20}" + "".join(f"{t:>7.1f}" for t in in_loop)]
+    extra = in_vector - in_loop
+    rest = f", each of the others {extra[1:].mean():+.1f} us on average" if len(extra) > 1 else ""
+    lines.append(f"Over the plain loop: the first env {extra[0]:+.1f} us{rest}; "
+                 f"the slice {extra.sum():+.1f} us, {in_vector.sum() / in_loop.sum():.3f} times as long.")
+    return "\n".join(lines)
+
+
 def report(times: np.ndarray, window: int, plain_us: float | None = None, largest: int = 0,
            spread: float | None = None) -> str:
     """The table; with `plain_us` (a plain single-env loop's step), what a
@@ -158,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spread-batches", type=_workers, default=1000,
                         help="then step the processes' shares one after another in plain loops in this process "
                              "this many times, to see how unevenly long they take (default 1000; 0: not)")
+    parser.add_argument("--by-env", action="store_true",
+                        help="then time the caller's own envs step by step (each wrapped in a timer), in the "
+                             "vector env and in a plain loop, --batches times each")
     args = parser.parse_args(argv)
     plain_us = 1e6 / single_env_rate(args.env, args.plain_seconds, args.atari) if args.plain_seconds > 0 else None
     times, layout, shares = timeline(args.env, args.num_envs, args.batches, args.workers, args.atari)
@@ -165,6 +243,9 @@ def main(argv: list[str] | None = None) -> None:
               if args.spread_batches > 0 and len(shares) > 1 else None)
     print(f"{args.env} x{args.num_envs}: {layout}; microseconds per batch, windows of {args.window} batches")
     print(report(times, args.window, plain_us, max(shares), spread))
+    if args.by_env:
+        by_env = steps_by_env(args.env, args.num_envs, args.batches, args.workers, args.atari)
+        print(report_by_env(*by_env) if by_env else "--by-env: the caller steps no envs here.")
 
 
 if __name__ == "__main__":
