@@ -35,12 +35,13 @@ BUILD = {
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster():
+def cluster(tmp_path_factory):
     # Ray puts the driver's working directory on its workers' path: not the
     # repository root, whose source tree would shadow the installed shmvec.
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(pathlib.Path(__file__).parent)
-        ray.init(num_cpus=max(2, CPUS), include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=max(2, CPUS), include_dashboard=False, log_to_driver=False,
+                 _temp_dir=str(tmp_path_factory.mktemp("ray")))  # not /tmp/ray
     yield
     ray.shutdown()
 

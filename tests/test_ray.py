@@ -45,13 +45,15 @@ DICT_TEXT = functools.partial(
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster():
+def cluster(tmp_path_factory):
     # Ray puts the driver's working directory on its workers' path: make it
     # tests/ (the actors import envs from there), not the repository root,
     # whose source tree would shadow the installed shmvec.
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(TESTS)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # Its session files (logs, sockets) go with pytest's temporary files, not /tmp/ray.
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=str(tmp_path_factory.mktemp("ray")))
     yield
     ray.shutdown()
 

@@ -44,14 +44,15 @@ def runner_view(runner) -> dict:
 
 
 @pytest.fixture(scope="module")
-def trained():
+def trained(tmp_path_factory):
     """PPO trained for ITERATIONS on CartPole with one remote env runner of
     2 CPUs: its ShmVecEnv has one worker process and steps a slice itself."""
     with pytest.MonkeyPatch.context() as mp:
         # Ray puts the driver's working directory on its workers' path: make
         # it tests/ (the env runners import fault_envs from there).
         mp.chdir(TESTS)
-        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=str(tmp_path_factory.mktemp("ray")))  # not /tmp/ray
     register_rllib_env("shmvec-recorded-cartpole", recorded_cartpole)
     config = (
         PPOConfig()
