@@ -19,7 +19,7 @@ lock-step over fixed shares costs from the envs' own step times alone. With
 in the vector env and in a plain loop over the same envs: whatever runs
 between two of the caller's slices (the wait, the front end, the user's
 code) leaves the envs' code and data less warm in the CPU's caches, and
-the first env stepped after it pays most of that. A
+the first env stepped after it pays the most. A
 diagnostic that wraps two of shmvec's internals (``EnvSlice.step`` and
 ``WorkerPool.wait``), not a benchmark: ``shmvec bench --backends
 shmvec,uncoupled`` measures what lock-step costs.
