@@ -21,13 +21,9 @@ def pytest_sessionstart(session):
 def sb3_logs_in_pytest_temp(tmp_path_factory):
     """SB3 makes a log folder in the system's temp dir for every learn()
     unless SB3_LOGDIR names one: keep them with pytest's temporary files."""
-    before = os.environ.get("SB3_LOGDIR")
-    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3-logs"))
-    yield
-    if before is None:
-        del os.environ["SB3_LOGDIR"]
-    else:
-        os.environ["SB3_LOGDIR"] = before
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3-logs")))
+        yield
 
 
 @pytest.fixture

@@ -162,10 +162,8 @@ def steps_by_env(spec: str, num_envs: int, batches: int, num_workers: int | None
         in_vector = np.array([np.median(env.times[warmup:]) for env in caller.envs]) / 1000
     finally:
         envs.close()
-    plain = [clocked() for _ in in_vector]
+    plain = [StepClock(env) for env in plain_envs(spec, atari, len(in_vector))[0]]
     try:
-        for seed, env in enumerate(plain):
-            env.reset(seed=seed)
         steps = [plain_step(env) for env in plain]
         actions = action_batches(plain[0].action_space, len(plain))
         for i in range(warmup + batches):
