@@ -166,12 +166,12 @@ int FrontChannel::wait(const std::vector<int>& sentinels, double timeout_s,
   // workers are no longer posted: nobody waits for them.
   bool preempted = false;
   wait_until(h->completions.value, h->front.sleeping, [this](uint32_t) { return all_done(); },
-             spin_.budget_ns(), test_hooks::front_slice(kFrontSliceNs), on_slice,
+             spin_.budget_ns(start), test_hooks::front_slice(kFrontSliceNs), on_slice,
              [this, h](uint32_t seen) {
                h->front.wake_at.store(seen + busy_count(), std::memory_order_relaxed);
              },
              &preempted);
-  if (preempted) spin_.preempted();
+  if (preempted) spin_.preempted(platform::now_ns());
   if (status == kReady) {
     // Learn how long the workers really took after we started waiting (their
     // completion stamps), not how long we slept: a futex wake-up costs tens of
@@ -324,9 +324,9 @@ bool WorkerChannel::wait_doorbell() {
   bool preempted = false;
   bool ok = wait_until(
       c->cmd_seq.value, c->worker_sleeping.value, [seen](uint32_t v) { return v != seen; },
-      spin_.budget_ns(), kWorkerSliceNs,
+      spin_.budget_ns(start), kWorkerSliceNs,
       [this] { return platform::first_ready_fd(&parent_fd_, 1) < 0; }, &preempted);
-  if (preempted) spin_.preempted();
+  if (preempted) spin_.preempted(platform::now_ns());
   if (!ok) return false;
   seen_ = c->cmd_seq.value.load(std::memory_order_acquire);
   // The front end's pace: when it posted, not when we woke up. A ring may be

@@ -4,14 +4,17 @@
 
 namespace shmvec {
 
-int64_t AdaptiveSpin::budget_ns() {
-  if (backoff_ > 0) {
-    --backoff_;
-    return 0;
-  }
+int64_t AdaptiveSpin::budget_ns(int64_t now_ns) {
+  if (now_ns < backoff_until_ns_) return 0;
   if (mean_ns_ > static_cast<double>(max_ns_)) return min_ns_;
   const int64_t want = static_cast<int64_t>(2.0 * mean_ns_) + min_ns_;
   return std::clamp(want, min_ns_, max_ns_);
+}
+
+void AdaptiveSpin::preempted(int64_t now_ns) {
+  const bool again = now_ns - backoff_until_ns_ <= backoff_ns_;
+  backoff_ns_ = again ? std::min(2 * backoff_ns_, kBackoffMaxNs) : kBackoffMinNs;
+  backoff_until_ns_ = now_ns + backoff_ns_;
 }
 
 void AdaptiveSpin::observe(int64_t waited_ns) {

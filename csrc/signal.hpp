@@ -25,22 +25,30 @@ namespace shmvec {
 //
 // When a spin finds its core taken by another thread (more runnable threads
 // than cores: a busy machine, or more workers than CPUs), spinning only
-// delays whoever we wait for: the next kBackoffWaits waits sleep at once,
-// then spinning is tried again. Time the hypervisor takes from a virtual CPU
-// is not that: no thread of ours or of anyone else's wanted the core, and
-// sleeping would only add a wake-up to every wait.
+// delays whoever we wait for: waits sleep at once for a window, then
+// spinning is tried again. A loss within one window's length of the last
+// window's end doubles the window (up to kBackoffMaxNs); one after a longer
+// calm starts again from kBackoffMinNs. On a core shared with a CPU hog each
+// retry costs dearly: its yield hands the hog the core until the next
+// scheduler tick (up to 4 ms at HZ=250), and its spinning spends the credit
+// that lets a woken thread preempt the hog at once.
+// Time the hypervisor takes from a virtual CPU is not a loss: no thread of
+// ours or of anyone else's wanted the core, and sleeping would only add a
+// wake-up to every wait.
 class AdaptiveSpin {
  public:
-  static constexpr int kBackoffWaits = 128;
+  static constexpr int64_t kBackoffMinNs = 2'000'000;
+  static constexpr int64_t kBackoffMaxNs = 1'000'000'000;
   AdaptiveSpin(int64_t min_ns, int64_t max_ns) : min_ns_(min_ns), max_ns_(max_ns) {}
-  int64_t budget_ns();  // for the next wait
+  int64_t budget_ns(int64_t now_ns);  // for a wait starting at now_ns
   void observe(int64_t waited_ns);
-  void preempted() { backoff_ = kBackoffWaits; }
+  void preempted(int64_t now_ns);  // a spin lost its core at now_ns
 
  private:
   int64_t min_ns_, max_ns_;
   double mean_ns_ = 0.0;
-  int backoff_ = 0;
+  int64_t backoff_ns_ = 0;                   // length of the last window
+  int64_t backoff_until_ns_ = INT64_MIN / 2;  // its end
 };
 
 // Stores `value` in `word` and wakes sleepers if any announced themselves.
@@ -58,7 +66,8 @@ inline void publish(std::atomic<uint32_t>& word, uint32_t value,
 // Memory order: `ready` is evaluated on acquire loads, so whatever the
 // publisher wrote before its release (or seq_cst) store is visible after.
 // If `preempted` is given, it is set when the spin lost its core to another
-// thread (see AdaptiveSpin): the wait then sleeps at once.
+// thread (see AdaptiveSpin), also when the word was ready by the time the
+// spin got its core back; a wait not ready by then sleeps at once.
 constexpr int64_t kPureSpinNs = 3'000;
 // A gap this long between two checks of a spin (a check takes about a
 // microsecond, a yield to nobody too) means the core was taken from us: by
@@ -77,16 +86,20 @@ bool wait_until(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeping, Re
   int64_t now = start;
   int64_t switches = -1;  // before the last yield; -1: not read yet
   do {
-    for (int k = 0; k < 16; ++k) {
+    bool is_ready = false;
+    for (int k = 0; k < 16 && !is_ready; ++k) {
       platform::cpu_relax();
-      if (ready(word.load(std::memory_order_acquire))) return true;
+      is_ready = ready(word.load(std::memory_order_acquire));
     }
+    // Look for a lost core even when the word is ready: the peer we wait for
+    // may be the thread that took it, and publish while holding it.
     const int64_t before = now;
     now = platform::now_ns();
     if (now - before > kPreemptedNs && (switches < 0 || platform::involuntary_switches() != switches)) {
       if (preempted) *preempted = true;
       break;
     }
+    if (is_ready) return true;
     // Past the first few microseconds, offer the core between checks: if the
     // peer we wait for shares it (more runnable processes than cores), it
     // runs now instead of after our whole budget; if not, this costs ~1 us.

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -165,17 +166,37 @@ void test_front_sees_dead_worker() {
 
 void test_adaptive_spin() {
   AdaptiveSpin spin(2'000, 50'000);
+  int64_t t = 1'000'000'000;  // the time of each wait, in ns
   for (int i = 0; i < 50; ++i) spin.observe(10'000);
-  CHECK(spin.budget_ns() > 10'000 && spin.budget_ns() <= 50'000);  // spins past a 10 us peer
+  CHECK(spin.budget_ns(t) > 10'000 && spin.budget_ns(t) <= 50'000);  // spins past a 10 us peer
   for (int i = 0; i < 50; ++i) spin.observe(5'000'000);
-  CHECK(spin.budget_ns() == 2'000);  // a slow peer: sleep almost at once
+  CHECK(spin.budget_ns(t) == 2'000);  // a slow peer: sleep almost at once
   spin.observe(5'000'000);
   for (int i = 0; i < 30; ++i) spin.observe(1'000);
-  CHECK(spin.budget_ns() < 50'000);  // a few quick answers bring spinning back
+  CHECK(spin.budget_ns(t) < 50'000);  // a few quick answers bring spinning back
   for (int i = 0; i < 50; ++i) spin.observe(10'000);
-  spin.preempted();  // a spin lost its core: sleep at once for a while
-  for (int i = 0; i < AdaptiveSpin::kBackoffWaits; ++i) CHECK(spin.budget_ns() == 0);
-  CHECK(spin.budget_ns() > 10'000);  // then try spinning again
+
+  // A spin lost its core: sleep at once for a window, then try spinning again.
+  const int64_t w = AdaptiveSpin::kBackoffMinNs;
+  spin.preempted(t);
+  CHECK(spin.budget_ns(t) == 0 && spin.budget_ns(t + w - 1) == 0);
+  CHECK(spin.budget_ns(t + w) > 10'000);
+  // Lost again soon after: each window twice the last, up to the cap.
+  t += w + w / 2;
+  spin.preempted(t);
+  CHECK(spin.budget_ns(t + 2 * w - 1) == 0 && spin.budget_ns(t + 2 * w) > 10'000);
+  int64_t window = 2 * w;
+  for (int i = 0; i < 20; ++i) {
+    t += window;
+    spin.preempted(t);
+    window = std::min(2 * window, AdaptiveSpin::kBackoffMaxNs);
+  }
+  CHECK(window == AdaptiveSpin::kBackoffMaxNs);
+  CHECK(spin.budget_ns(t + window - 1) == 0 && spin.budget_ns(t + window) > 10'000);
+  // A loss after a calm longer than the last window starts from the shortest again.
+  t += 3 * window;
+  spin.preempted(t);
+  CHECK(spin.budget_ns(t + w - 1) == 0 && spin.budget_ns(t + w) > 10'000);
   std::printf("adaptive spin: ok\n");
 }
 
@@ -239,9 +260,9 @@ void test_spin_survives_stolen_time() {
   std::printf("spin survives stolen time: ok (%d tries without a switch)\n", clean);
 }
 
-// A spin that shares its core with a busy thread yields to it, sees that it
-// was switched out, reports the core lost and sleeps for the rest.
-void test_spin_lost_to_a_thread_sleeps() {
+// Pins this thread to the first CPU it may use (threads it starts then
+// share that CPU with it); returns the CPU set to restore.
+cpu_set_t pin_to_one_cpu() {
   cpu_set_t all, one;
   CHECK(pthread_getaffinity_np(pthread_self(), sizeof all, &all) == 0);
   int cpu = 0;
@@ -249,6 +270,13 @@ void test_spin_lost_to_a_thread_sleeps() {
   CPU_ZERO(&one);
   CPU_SET(cpu, &one);
   CHECK(pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0);
+  return all;
+}
+
+// A spin that shares its core with a busy thread yields to it, sees that it
+// was switched out, reports the core lost and sleeps for the rest.
+void test_spin_lost_to_a_thread_sleeps() {
+  const cpu_set_t all = pin_to_one_cpu();
   // Started pinned (it inherits our CPU set), with SIGALRM blocked: the
   // alarm's handler runs in the spinning thread.
   sigset_t alarm, old;
@@ -270,12 +298,55 @@ void test_spin_lost_to_a_thread_sleeps() {
   std::printf("spin lost to a thread sleeps: ok\n");
 }
 
+// The same, but the busy thread is also the one we wait for: it publishes
+// while it holds the core, so the spin finds the word ready as soon as it
+// runs again. That is still a lost core (before the fix it went unreported:
+// beside a CPU hog, each wait handed the hog the core until the next tick
+// and spinning went on). A try in which the word was ready before the spin
+// gave up the core (no switch during the wait) proves nothing and is not
+// counted.
+void test_spin_lost_to_the_peer_it_waits_for_reports_it() {
+  const cpu_set_t all = pin_to_one_cpu();
+  int counted = 0;
+  for (int attempt = 0; attempt < 20 && counted < 3; ++attempt) {
+    std::atomic<uint32_t> word{0}, sleeping{0};
+    std::atomic<bool> go{false}, stop{false};
+    std::thread peer([&] {  // inherits our CPU set
+      while (!go.load(std::memory_order_relaxed)) {
+      }
+      const int64_t until = platform::now_ns() + 300'000;
+      while (platform::now_ns() < until) {
+      }
+      publish(word, 1, sleeping);
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+    bool preempted = false;
+    go = true;
+    const int64_t switches = platform::involuntary_switches();
+    const bool ok = wait_until(
+        word, sleeping, [](uint32_t v) { return v != 0; }, 1'000'000'000, 10'000'000,
+        [] { return true; }, &preempted);
+    const int64_t switched = platform::involuntary_switches() - switches;
+    stop = true;
+    peer.join();
+    CHECK(ok);
+    if (switched == 0) continue;
+    CHECK(preempted);
+    ++counted;
+  }
+  CHECK(pthread_setaffinity_np(pthread_self(), sizeof all, &all) == 0);
+  CHECK(counted > 0);
+  std::printf("spin lost to the peer it waits for reports it: ok (%d tries)\n", counted);
+}
+
 }  // namespace
 
 int main() {
   test_adaptive_spin();
   test_spin_survives_stolen_time();
   test_spin_lost_to_a_thread_sleeps();
+  test_spin_lost_to_the_peer_it_waits_for_reports_it();
   test_worker_sees_dead_parent();
   test_front_sees_dead_worker();
   test_commands_and_async();
