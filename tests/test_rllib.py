@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import tempfile
 
 import gymnasium as gym
 import pytest
@@ -35,10 +36,10 @@ ITERATIONS = 6  # of 4000 env steps each (PPO's default batch)
 
 
 def runner_view(runner) -> dict:
-    """What an env runner holds: its pid, its vector env's class and worker
-    pids, and the pids that stepped each of its envs."""
+    """What an env runner holds: its pid, its temporary directory, its vector
+    env's class and worker pids, and the pids that stepped each of its envs."""
     envs = runner.env.unwrapped
-    return {"pid": os.getpid(), "class": type(envs).__name__,
+    return {"pid": os.getpid(), "tmpdir": tempfile.gettempdir(), "class": type(envs).__name__,
             "workers": [p.pid for p in envs._engine.pool.processes],
             "stepped_by": [sorted(pids) for pids in envs.get_attr("stepped_by")]}
 
@@ -51,6 +52,11 @@ def trained(tmp_path_factory):
         # Ray puts the driver's working directory on its workers' path: make
         # it tests/ (the env runners import fault_envs from there).
         mp.chdir(TESTS)
+        # Ray kills the env runners at shutdown, before multiprocessing's exit
+        # hook removes the pymp-* directory of their fork server: keep it in
+        # pytest's temporary files, not /tmp (the runners inherit TMPDIR).
+        tmpdir = str(tmp_path_factory.mktemp("tmp"))
+        mp.setenv("TMPDIR", tmpdir)
         ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
                  _temp_dir=str(tmp_path_factory.mktemp("ray")))  # not /tmp/ray
     register_rllib_env("shmvec-recorded-cartpole", recorded_cartpole)
@@ -73,7 +79,7 @@ def trained(tmp_path_factory):
     finally:
         algo.stop()
         ray.shutdown()
-    return {"returns": returns, "runners": runners}
+    return {"returns": returns, "runners": runners, "tmpdir": tmpdir}
 
 
 @pytest.mark.timeout(600)
@@ -87,6 +93,7 @@ def test_env_runners_step_their_envs_in_shmvec_workers(trained):
     assert all(len(pids) == 1 for pids in runner["stepped_by"]), runner
     stepped = [pids[0] for pids in runner["stepped_by"]]
     assert set(stepped) == workers | {runner["pid"]}, runner
+    assert runner["tmpdir"] == trained["tmpdir"], runner
     # The workers ended with the env runner (algo.stop() in the fixture).
     assert wait_gone(workers, timeout=10) == []
 
