@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -99,3 +100,22 @@ def run_lockstep(envs, ref, steps: int, seed: int = 0, reset_seed: Any = 0) -> N
             out = envs.reset(options=dict(options))
             expected = ref.reset(options=dict(options))
             assert_same(out, expected, f"masked reset after step {t}")
+
+
+def init_local_ray(tmp_path_factory: pytest.TempPathFactory, workers_cwd: os.PathLike, num_cpus: int) -> str:
+    """Starts a local Ray cluster that keeps its files with pytest's
+    temporary files, not in /tmp, and returns its processes' TMPDIR.
+    Ray puts the driver's working directory on its workers' path: it is
+    `workers_cwd` during ray.init(). Its session files (logs, sockets) go
+    to a directory of their own; its processes inherit TMPDIR, because Ray
+    kills them at shutdown, before multiprocessing's exit hook removes the
+    pymp-* directory of a fork server that a ShmVecEnv in one started."""
+    import ray
+
+    tmpdir = str(tmp_path_factory.mktemp("tmp"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(workers_cwd)
+        mp.setenv("TMPDIR", tmpdir)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    return tmpdir

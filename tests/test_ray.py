@@ -22,7 +22,7 @@ from fault_envs import HANG, KILL, RAISE, Boom, FaultEnv, actions_for, wait_gone
 from gymnasium import spaces
 from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from helpers import assert_same, run_lockstep
+from helpers import assert_same, init_local_ray, run_lockstep
 from test_async import async_trajectories, row_info, sync_trajectories
 
 import shmvec
@@ -46,14 +46,9 @@ DICT_TEXT = functools.partial(
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster(tmp_path_factory):
-    # Ray puts the driver's working directory on its workers' path: make it
-    # tests/ (the actors import envs from there), not the repository root,
-    # whose source tree would shadow the installed shmvec.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(TESTS)
-        # Its session files (logs, sockets) go with pytest's temporary files, not /tmp/ray.
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    # The workers start in tests/ (the actors import envs from there), not in
+    # the repository root, whose source tree would shadow the installed shmvec.
+    init_local_ray(tmp_path_factory, TESTS, num_cpus=2)
     yield
     ray.shutdown()
 

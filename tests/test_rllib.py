@@ -14,7 +14,7 @@ import tempfile
 
 import gymnasium as gym
 import pytest
-from helpers import skip_unless_gymnasium_1
+from helpers import init_local_ray, skip_unless_gymnasium_1
 
 skip_unless_gymnasium_1("shmvec.ray.register_rllib_env")
 try:
@@ -48,17 +48,8 @@ def runner_view(runner) -> dict:
 def trained(tmp_path_factory):
     """PPO trained for ITERATIONS on CartPole with one remote env runner of
     2 CPUs: its ShmVecEnv has one worker process and steps a slice itself."""
-    with pytest.MonkeyPatch.context() as mp:
-        # Ray puts the driver's working directory on its workers' path: make
-        # it tests/ (the env runners import fault_envs from there).
-        mp.chdir(TESTS)
-        # Ray kills the env runners at shutdown, before multiprocessing's exit
-        # hook removes the pymp-* directory of their fork server: keep it in
-        # pytest's temporary files, not /tmp (the runners inherit TMPDIR).
-        tmpdir = str(tmp_path_factory.mktemp("tmp"))
-        mp.setenv("TMPDIR", tmpdir)
-        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=str(tmp_path_factory.mktemp("ray")))  # not /tmp/ray
+    # The env runners start in tests/ (they import fault_envs from there).
+    tmpdir = init_local_ray(tmp_path_factory, TESTS, num_cpus=3)
     register_rllib_env("shmvec-recorded-cartpole", recorded_cartpole)
     config = (
         PPOConfig()
