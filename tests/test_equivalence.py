@@ -207,6 +207,117 @@ def test_make_mirrors_make_vec(closing):
         shmvec.make("NoSuchEnv-v0", num_envs=2)
 
 
+class HeldBufferEnv(gym.Env):
+    """Returns its one internal array every step, changed in place: a
+    vector env that hands it out without a copy lets a held observation
+    change, and the caller's edits reach the env."""
+
+    observation_space = spaces.Sequence(spaces.Box(-100, 100, (2,), np.float32), stack=True)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.buf = np.zeros((3, 2), np.float32)
+        return self.buf, {}
+
+    def step(self, action):
+        self.buf += 1
+        return self.buf, 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(0, None), (1, True), (2, False)])
+def test_observations_without_a_fixed_shape_are_copies(num_workers, caller_steps, closing):
+    """As SyncVectorEnv (copy=True) deep-copies them: an observation held
+    across steps keeps its value, and editing it does not reach the env."""
+    envs, ref = pair(HeldBufferEnv, 2, num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
+    closing(envs), closing(ref)
+    actions = np.zeros(2, dtype=np.int64)
+    for vec in (envs, ref):
+        held, _ = vec.reset(seed=0)
+        stepped = vec.step(actions)[0]
+        for obs in stepped:
+            obs[...] = -50  # the caller's edit
+        vec.results = held, stepped, vec.step(actions)[0]
+    assert_same(envs.results, ref.results)
+    assert envs.results[0][0][0].tolist() == [0.0, 0.0]
+
+
+@needs_gymnasium_1("reset_mask")
+def test_masked_reset_hands_out_copies_of_the_kept_observations(closing):
+    envs, ref = pair(HeldBufferEnv, 2, AutoresetMode.DISABLED, num_workers=2, caller_steps=False,
+                     start_method="fork")
+    closing(envs), closing(ref)
+    for vec in (envs, ref):
+        vec.reset(seed=0)
+        stepped = vec.step(np.zeros(2, dtype=np.int64))[0]
+        kept, _ = vec.reset(options={"reset_mask": np.array([True, False])})
+        assert kept[1] is not stepped[1]
+        stepped[1][...] = -7
+        vec.results = kept
+    assert_same(envs.results, ref.results)
+
+
+class Vec3(spaces.Space):
+    """A custom space for which the caller registered Gymnasium's batching
+    functions: its batch is one array."""
+
+    def __init__(self, seed=None):
+        super().__init__((3,), np.float32, seed)
+
+    def sample(self, mask=None, probability=None):
+        return self.np_random.random(3).astype(np.float32)
+
+    def contains(self, x):
+        return isinstance(x, np.ndarray) and x.shape == (3,)
+
+    def __eq__(self, other):
+        return isinstance(other, Vec3)
+
+
+@gym.vector.utils.batch_space.register(Vec3)
+def _batch_vec3(space, n=1):
+    return spaces.Box(0, 1, (n, 3), np.float32)
+
+
+@gym.vector.utils.create_empty_array.register(Vec3)
+def _empty_vec3(space, n=1, fn=np.zeros):
+    return fn((n, 3), dtype=np.float32)
+
+
+@gym.vector.utils.concatenate.register(Vec3)
+def _concatenate_vec3(space, items, out):
+    return np.stack(items, axis=0, out=out)
+
+
+class Vec3Env(gym.Env):
+    observation_space = spaces.Dict({"v": Vec3(), "n": spaces.Discrete(4)})
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return {"v": np.full(3, 0.1, np.float32), "n": 0}, {}
+
+    def step(self, action):
+        self.t += 1
+        return {"v": np.full(3, self.t / 10, np.float32), "n": self.t % 4}, 1.0, self.t % 3 == 0, False, {}
+
+
+@pytest.mark.parametrize("copy_obs", [True, False])
+@pytest.mark.parametrize("num_workers, caller_steps", [(0, None), (1, True)])
+def test_custom_space_batched_by_its_registered_functions(num_workers, caller_steps, copy_obs, closing):
+    envs = shmvec.ShmVecEnv([Vec3Env] * 3, num_workers=num_workers, caller_steps=caller_steps, copy=copy_obs,
+                            start_method="fork")
+    ref = SyncVectorEnv([Vec3Env] * 3, copy=copy_obs)
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=8)
+    assert envs.observation_space == ref.observation_space
+    obs = envs.step(np.zeros(3, dtype=np.int64))[0]
+    assert isinstance(obs["v"], np.ndarray) and envs.observation_space.contains(obs)
+    if not copy_obs:  # as SyncVectorEnv: the same batch, refilled every step
+        assert envs.step(np.zeros(3, dtype=np.int64))[0]["v"] is obs["v"]
+
+
 class ActionTypeEnv(gym.Env):
     """Reports the type and dtype of each action it is handed, and the
     action itself as its observation."""

@@ -4,9 +4,11 @@ actions in, observations (copied or viewed) out. Shared by every front end."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from copy import deepcopy
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 from shmvec._engine.layout import action_dtype_code, flattener, is_single_fixed_leaf, unflattener
 
@@ -57,7 +59,13 @@ def checked_object_batch(value: Any, count: int, what: str) -> list:
     return values
 
 
-
+def _batched(space: Any, out: Any, objects: list, copy: bool) -> Any:
+    """The batch of a leaf without a fixed shape, made as SyncVectorEnv makes
+    it: gymnasium's ``concatenate`` (a tuple of the values, or what a custom
+    space registered), deep-copied with `copy`, so that an env's own objects
+    never reach the caller."""
+    batch = concatenate(space, objects, out)
+    return deepcopy(batch) if copy else batch
 
 
 class BatchIO:
@@ -87,8 +95,12 @@ class BatchIO:
         self._flatten_actions = flattener(action_space)
         self._flatten_obs, self._unflatten_obs = flattener(observation_space), unflattener(observation_space)
         self._zero_dim = [leaf.zero_dim_array for leaf in engine.layout.observation_leaves]
-        # Values of observation leaves without a fixed shape, per leaf and env.
+        # Values of observation leaves without a fixed shape, per leaf and env;
+        # and per such leaf, its space and the batch that SyncVectorEnv would
+        # fill (gymnasium's create_empty_array), refilled every step.
         self._object_obs = [None if v is not None else [None] * self.num_envs for v in self.obs_views]
+        self._object_batches = [None if leaf.fixed else (leaf.space, create_empty_array(leaf.space, self.num_envs))
+                                for leaf in engine.layout.observation_leaves]
         # With restarts: the observations the caller was last handed (a snapshot).
         self.last_seen: list | None = None
 
@@ -168,9 +180,9 @@ class BatchIO:
             view = self.obs_views[0]
             return view.copy() if copy else view
         values = []
-        for view, objects in zip(self.obs_views, self._object_obs):
+        for view, objects, batch in zip(self.obs_views, self._object_obs, self._object_batches):
             if view is None:
-                values.append(tuple(objects))
+                values.append(_batched(*batch, objects, copy))
             else:
                 values.append(view.copy() if copy else view)
         return self._unflatten_obs(values)
@@ -181,9 +193,11 @@ class BatchIO:
         if self._single_obs:
             return self.obs_views[0].take(rows, axis=0)
         values = []
-        for view, objects in zip(self.obs_views, self._object_obs):
+        for view, objects, batch in zip(self.obs_views, self._object_obs, self._object_batches):
             if view is None:
-                values.append(tuple(objects[r] for r in rows))
+                space = batch[0]
+                values.append(_batched(space, create_empty_array(space, len(rows)), [objects[r] for r in rows],
+                                       self.copy))
             else:
                 values.append(view.take(rows, axis=0))
         return self._unflatten_obs(values)

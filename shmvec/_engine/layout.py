@@ -52,6 +52,7 @@ class Leaf:
     shape: tuple[int, ...] | None  # None: no fixed shape, travels by pickle
     dtype: np.dtype | None
     zero_dim_array: bool = False  # a Box of shape (): its values are 0-d arrays, not scalars
+    space: spaces.Space | None = None  # of a leaf without a fixed shape: batched as Gymnasium batches it
 
     @property
     def fixed(self) -> bool:
@@ -70,7 +71,7 @@ def leaves_of(space: spaces.Space, path: tuple[Any, ...] = ()) -> list[Leaf]:
     if isinstance(space, FIXED_SPACES):
         zero_dim = isinstance(space, spaces.Box) and space.shape == ()
         return [Leaf(path, tuple(space.shape), np.dtype(space.dtype), zero_dim)]
-    return [Leaf(path, None, None)]
+    return [Leaf(path, None, None, space=space)]
 
 
 def is_single_fixed_leaf(space: spaces.Space) -> bool:
