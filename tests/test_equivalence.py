@@ -318,6 +318,42 @@ def test_custom_space_batched_by_its_registered_functions(num_workers, caller_st
         assert envs.step(np.zeros(3, dtype=np.int64))[0]["v"] is obs["v"]
 
 
+def _env_with_a_local_info_class():
+    class Payload:  # pickle cannot name it (a script's __main__ class under forkserver is the same case)
+        def __init__(self, t):
+            self.t = t
+
+        def __eq__(self, other):
+            return type(other) is Payload and other.t == self.t
+
+    class PayloadEnv(gym.Env):
+        observation_space = spaces.Box(-1, 1, (1,), np.float32)
+        action_space = spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return np.zeros(1, np.float32), {"payload": Payload(0)}
+
+        def step(self, action):
+            self.t += 1
+            return np.zeros(1, np.float32), 1.0, self.t % 3 == 0, False, {"payload": Payload(self.t)}
+
+    return PayloadEnv, Payload
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_infos_of_classes_that_pickle_cannot_name(start_method, closing):
+    """Infos travel back from workers by pickle, and by cloudpickle where
+    pickle cannot name a class; the caller gets instances of its own class."""
+    env_cls, payload_cls = _env_with_a_local_info_class()
+    envs, ref = pair(env_cls, 2, num_workers=2, caller_steps=False, start_method=start_method)
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=6)
+    infos = envs.step(np.zeros(2, dtype=np.int64))[-1]
+    assert type(infos["payload"][0]) is payload_cls
+
+
 class ActionTypeEnv(gym.Env):
     """Reports the type and dtype of each action it is handed, and the
     action itself as its observation."""

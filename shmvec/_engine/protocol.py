@@ -10,6 +10,8 @@ from __future__ import annotations
 import pickle
 from typing import Any, NamedTuple
 
+import cloudpickle
+
 from shmvec import _core
 
 STEP = _core.STEP_COMMAND  # served natively by the worker
@@ -32,7 +34,14 @@ PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 def dumps(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=PICKLE_PROTOCOL)
+    """Pickles a worker's results (infos, objects, replies): by pickle, and
+    where pickle cannot name a class (one defined in a function, or in the
+    user's script, which a fork server's workers got from cloudpickle) by
+    cloudpickle, which the caller's pickle.loads reads back as its own class."""
+    try:
+        return pickle.dumps(obj, protocol=PICKLE_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return cloudpickle.dumps(obj, protocol=PICKLE_PROTOCOL)
 
 
 loads = pickle.loads
