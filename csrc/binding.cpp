@@ -111,6 +111,7 @@ class PyFrontChannel {
     return checked(status);
   }
   bool busy() const { return channel_.busy(); }
+  uint32_t posted_id() const { return channel_.posted_id(); }
   bool abandon(uint32_t w) { return channel_.abandon(w); }
   std::vector<uint32_t> busy_workers() const { return channel_.busy_workers(); }
   py::tuple result(uint32_t w) const {
@@ -356,6 +357,7 @@ PYBIND11_MODULE(_core, m) {
       .def("post_step_all", &PyFrontChannel::post_step_all)
       .def("wait", &PyFrontChannel::wait, py::arg("sentinels"), py::arg("timeout") = -1.0)
       .def_property_readonly("busy", &PyFrontChannel::busy)
+      .def_property_readonly("posted_id", &PyFrontChannel::posted_id)
       .def("abandon", &PyFrontChannel::abandon, py::arg("worker"))
       .def("busy_workers", &PyFrontChannel::busy_workers)
       .def("result", &PyFrontChannel::result)

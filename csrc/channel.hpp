@@ -108,6 +108,9 @@ class FrontChannel {
   // Waits until every posted worker has completed. Returns a WaitStatus.
   int wait(const std::vector<int>& sentinels, double timeout_s, const Interrupted& interrupted);
   bool busy() const;
+  // The id of the last command posted: a caller interrupted around a post
+  // tells by it whether the workers got the command.
+  uint32_t posted_id() const { return last_id_; }
   // Gives up on a dead worker's part of the current command: wait() no longer
   // waits for it (nor asks its completion to wake the front end), so the
   // others still wake it. Returns whether it was still busy.

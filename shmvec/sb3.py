@@ -19,7 +19,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 
 from shmvec import _sb3_env
 from shmvec._engine.batch_io import BatchIO
-from shmvec._engine.cycle import CommandCycle
+from shmvec._engine.cycle import CommandCycle, Phase
 from shmvec._engine.engine import Engine
 from shmvec._engine.env_slice import AUTORESET_CODES
 
@@ -125,6 +125,7 @@ class ShmVecEnv(VecEnv):
         ``set_options()`` (then forgets them); fills ``reset_infos``."""
         self._check_open()
         self._waiting = False
+        self._finish_interrupted()
         # The engine passes one options dict to the envs it resets: one reset
         # per distinct dict, as DummyVecEnv passes each env its own.
         groups: dict[int | None, list[int]] = {}
@@ -149,6 +150,7 @@ class ShmVecEnv(VecEnv):
         """Checks the actions (``ValueError`` for a wrong shape or count) and
         writes them to shared memory; ``step_wait`` steps."""
         self._check_open()
+        self._finish_interrupted()  # before its workers could read the new actions
         self._object_actions = self._io.write_actions(self._batched(actions))
         self._waiting = True
 
@@ -170,10 +172,13 @@ class ShmVecEnv(VecEnv):
         """Steps every env; returns fresh (observations, float32 rewards,
         bool dones, a list of info dicts), resetting ended episodes at once."""
         self._check_open()
-        if not self._waiting:
+        if self._waiting:
+            self._waiting = False
+            records = self._engine.step(self._object_actions)
+        elif self._engine.cycle.phase is Phase.WAITING_STEP:  # Ctrl-C interrupted the step: collect it
+            records = self._engine.finish()
+        else:
             raise RuntimeError("step_wait() needs a step_async(actions) first")
-        self._waiting = False
-        records = self._engine.step(self._object_actions)
         io = self._io
         timeouts = (io.truncations & ~io.terminations).tolist()
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in timeouts]
@@ -197,6 +202,13 @@ class ShmVecEnv(VecEnv):
         dones = np.logical_or(io.terminations, io.truncations)
         return io.observations(), io.rewards.astype(np.float32), dones, infos
 
+    def _finish_interrupted(self) -> None:
+        """A call that Ctrl-C interrupted while it waited for the workers is
+        still in flight: finishes it (its results are dropped), so that SB3's
+        loop goes on with the next call, as it does with SubprocVecEnv."""
+        if self._engine.in_flight:
+            self._engine.finish()
+
     def _remember(self) -> None:
         """With restarts, a restarted env's terminal_observation is the last
         observation SB3 saw: keep a copy (one per step)."""
@@ -208,6 +220,7 @@ class ShmVecEnv(VecEnv):
     def _on_envs(self, fn: Callable[..., Any], *args: Any, indices: VecEnvIndices = None) -> list[Any]:
         """``fn(env, *args)`` for the envs in `indices`, in their order."""
         self._check_open()
+        self._finish_interrupted()
         return self._engine.call(_sb3_env.HOOK, (fn, *args), None, self._rows(indices))
 
     def _rows(self, indices: VecEnvIndices) -> list[int]:

@@ -142,7 +142,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
                 raise ValueError(f"start_method={start_method!r} and context={context!r} disagree; pass one")
             start_method = context
         self.shared_memory = bool(shared_memory)  # always shared memory; kept for AsyncVectorEnv's code
-        self.daemon = bool(daemon)  # workers always end with the vector env
+        self.daemon = bool(daemon)  # False: envs may start processes; workers end with the vector env either way
         self.observation_mode = _check_observation_mode(observation_mode)
         try:
             env_fns = list(env_fns)
@@ -175,6 +175,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             max_restarts=max_restarts,
             observation_mode=self.observation_mode,
             torch_threads=torch_threads,
+            daemon=self.daemon,
         )
         self.closed = False
         engine = self._engine

@@ -5,8 +5,8 @@ after close() (processes, fds, mappings, /dev/shm)."""
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import gc
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -754,6 +754,8 @@ def test_unclosed_env_dropped_releases_workers_and_fds():
 
 
 EXIT_SCRIPT = textwrap.dedent("""
+    import weakref
+    weakref.finalize(weakref, int)  # weakref's exit hook first: it runs after multiprocessing's
     import sys
     import numpy as np
     import shmvec
@@ -761,7 +763,7 @@ EXIT_SCRIPT = textwrap.dedent("""
 
     if __name__ == "__main__":
         envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False,
-                                start_method=sys.argv[1])
+                                start_method=sys.argv[1], daemon=sys.argv[2] == "daemon")
         envs.reset()
         envs.step(np.zeros(4, dtype=np.int64))
         print(*sorted(set(envs.call("pid"))), flush=True)
@@ -769,13 +771,16 @@ EXIT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("daemon", ["daemon", "not-daemon"])
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
-def test_interpreter_exit_without_close_is_prompt(start_method, tmp_path):
+def test_interpreter_exit_without_close_is_prompt(start_method, daemon, tmp_path):
+    """Also with daemon=False, whose workers multiprocessing waits for at
+    exit: shmvec ends them first."""
     script = tmp_path / "no_close.py"
     script.write_text(EXIT_SCRIPT)
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(script), start_method], check=False, cwd=tmp_path, capture_output=True,
-                          text=True, env=script_env(), timeout=60)
+    proc = subprocess.run([sys.executable, str(script), start_method, daemon], check=False, cwd=tmp_path,
+                          capture_output=True, text=True, env=script_env(), timeout=60)
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # quietly
@@ -783,6 +788,33 @@ def test_interpreter_exit_without_close_is_prompt(start_method, tmp_path):
     assert len(workers) == 2
     assert wait_gone(workers) == []
     assert elapsed < 5, f"the interpreter took {elapsed:.1f} s to exit with an unclosed vector env"
+
+
+class ChildProcessEnv(FaultEnv):
+    """Starts a multiprocessing child of its own in reset(), as an env that
+    runs a simulator or a data loader in another process does."""
+
+    def reset(self, *, seed=None, options=None):
+        child = multiprocessing.get_context("fork").Process(target=int)
+        child.start()
+        child.join()
+        return super().reset(seed=seed, options=options)
+
+
+def test_daemon_false_lets_envs_start_processes_of_their_own(closing):
+    """As AsyncVectorEnv's daemon=False; the default (daemon workers) is
+    refused by multiprocessing, as under AsyncVectorEnv."""
+    envs = shmvec.ShmVecEnv([ChildProcessEnv] * 2, num_workers=2, caller_steps=False, start_method="fork",
+                            daemon=False)
+    closing(envs)
+    assert envs.reset(seed=0)[0].tolist() == [[0, 0], [0, 0]]
+    pids = envs.call("pid")
+    envs.close()
+    assert wait_gone(list(pids)) == []
+    daemonic = shmvec.ShmVecEnv([ChildProcessEnv] * 2, num_workers=2, caller_steps=False, start_method="fork")
+    closing(daemonic)
+    with pytest.raises(AssertionError, match="daemonic processes are not allowed to have children"):
+        daemonic.reset(seed=0)
 
 
 def test_pinned_workers_of_two_envs_take_distinct_cpus_and_free_them(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ be called again and no result is lost.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,23 +65,37 @@ class CommandRunner:
               collect: Callable[[Any, list[bytes]], Any] | None = None) -> None:
         """Starts one command: the workers' part is posted (they start at
         once); the caller's own slice runs in finish(), so that begin()
-        returns at once, as AsyncVectorEnv's *_async calls do."""
+        returns at once, as AsyncVectorEnv's *_async calls do.
+
+        Ctrl-C can land anywhere here: once the workers got the command
+        (their channel's posted id moved on, and not for a chunk of its
+        request), it stays in flight, for finish() to collect; before, the
+        call never began."""
+        if os.getpid() != self.owner_pid:
+            raise ShmVecError(f"this vector env was made in process {self.owner_pid}; its workers serve that "
+                              "process only, so a fork child cannot use it: make a new one in the child")
+        plain_step = code == P.STEP and requests is None
+        command = _Command(code, caller_fn, plain_step, collect)
         self.cycle.begin(_PHASE_OF[code])
+        self._command = command
+        posted = self._channel.posted_id if self.num_workers else 0
         try:
             if self.num_workers and self._channel.busy:
                 self._wait_out_unread()
             if self.restarted_rows:
                 self.restarted_rows = []
-            plain_step = code == P.STEP and requests is None
             if self.num_workers:
                 if plain_step:
                     self._channel.post_step_all()
                 else:
                     self.transport.post(code, requests)
         except BaseException:
+            if self.num_workers and self._channel.posted_id != posted and not (
+                    requests is not None and self.transport.sending_chunks):
+                raise  # the workers have it: in flight
+            self._command = None
             self.cycle.finish()
             raise
-        self._command = _Command(code, caller_fn, plain_step, collect)
 
     def finish(self, timeout: float | None = None):
         """Runs the caller's slice, then waits for the workers; returns the
@@ -116,7 +131,6 @@ class CommandRunner:
     def _complete(self, command: _Command, timeout: float | None):
         deadline = None if timeout is None else time.monotonic() + timeout
         if not command.caller_done:
-            command.caller_done = True
             if self._caller is not None:
                 try:
                     command.caller_result = command.caller_fn(self._caller)
@@ -125,6 +139,7 @@ class CommandRunner:
                 except BaseException:  # KeyboardInterrupt: workers finish; the next command waits them out
                     self._command = None
                     raise
+            command.caller_done = True  # (after the slice: a Ctrl-C before it must not skip it)
         if deadline is not None and time.monotonic() > deadline:
             # The caller's own slice took the whole time: the call did not
             # complete within `timeout`, though its results are not lost.
@@ -261,5 +276,7 @@ class CommandRunner:
     def set_attr(self, name: str, values: Sequence[Any]) -> None:
         requests = [cloudpickle.dumps((name, [values[i] for i in rows])) for rows in self.worker_rows]
         caller_rows = self._caller.rows if self._caller is not None else range(0)
-        self.begin(P.SET_ATTR, lambda s: s.set_attr(name, [values[i] for i in caller_rows]), requests)
+        # Its result, None per env, is what call_wait() returns if Ctrl-C left it pending.
+        self.begin(P.SET_ATTR, lambda s: s.set_attr(name, [values[i] for i in caller_rows]), requests,
+                   collect=lambda caller_result, replies: [None] * self.num_envs)
         self.finish()

@@ -11,6 +11,7 @@ steps the caller's slice, waits for the workers and returns the result.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,6 +60,7 @@ class Engine(CommandRunner):
         max_restarts: int = 10,
         observation_mode: Any = "same",
         torch_threads: str | int | None = "auto",
+        daemon: bool = True,
     ):
         if not IS_LINUX:
             raise OSError(
@@ -71,6 +73,7 @@ class Engine(CommandRunner):
         self.cycle = cycle or CommandCycle(lambda: ShmVecError("this shmvec engine is closed"))
         self.num_envs = len(env_fns)
         self.async_mode = async_mode
+        self.owner_pid = os.getpid()  # its workers serve this process only
         # Looked at once (it may take 80 ms on a busy machine), for the worker count, pinning and the note.
         busy_cpus = cpus_busy_elsewhere(own_pids=live_worker_pids()) if num_workers != 0 else 0
         requested = num_workers
@@ -85,7 +88,7 @@ class Engine(CommandRunner):
         caller_rows = slices.pop(0) if caller_steps else None
         self.worker_rows = slices
         self.pool = WorkerPool(self.cycle, slices, start_method, timeout_s, bool(restart_failed_workers),
-                               int(max_restarts))
+                               int(max_restarts), bool(daemon))
         self.restarted_rows: list[int] = []  # envs restarted by the last command (or recv)
         self._command: _Command | None = None  # begun, results not yet collected
         self._caller: EnvSlice | None = None

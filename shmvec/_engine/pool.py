@@ -10,6 +10,7 @@ the processes.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.util
 import os
 import time
 import weakref
@@ -38,6 +39,18 @@ def live_worker_pids() -> list[int]:
     return [p.pid for pool in list(_POOLS) for p in pool.processes if p.pid is not None]
 
 
+def _disown_workers_in_fork_child() -> None:
+    """A fork child of this process does not own its workers: multiprocessing's
+    exit hook there would terminate them (it terminates the daemon children it
+    has records of), leaving the parent's vector env broken."""
+    for pool in list(_POOLS):
+        for p in pool.processes:
+            mp.process._children.discard(p)
+
+
+os.register_at_fork(after_in_child=_disown_workers_in_fork_child)
+
+
 def still_pending(timeout: float) -> ShmVecTimeoutError:
     return ShmVecTimeoutError(f"The call timed out after {timeout} second(s); it is still pending: "
                               "wait for it again (its results are kept), or close() the vector env")
@@ -48,10 +61,12 @@ class WorkerPool:
 
     `timeout` (seconds, < 0 for none) counts a worker as hung; with
     `restart`, a failed worker is given up on (and replaced by the engine,
-    up to `max_restarts` in all) instead of breaking the cycle."""
+    up to `max_restarts` in all) instead of breaking the cycle. Workers
+    that are not `daemon` may start processes of their own (multiprocessing
+    refuses that to daemons)."""
 
     def __init__(self, cycle: CommandCycle, worker_rows: Sequence[range], start_method: str,
-                 timeout: float, restart: bool, max_restarts: int):
+                 timeout: float, restart: bool, max_restarts: int, daemon: bool = True):
         self.cycle = cycle
         self.channel: _core.FrontChannel | None = None
         self.worker_rows = list(worker_rows)
@@ -60,6 +75,7 @@ class WorkerPool:
         self.timeout = timeout
         self.restart = restart
         self.max_restarts = max_restarts
+        self.daemon = daemon
         self.restarts = 0
         # Workers that died or hung during the current command, with why.
         self.failed: list[tuple[int, str]] = []
@@ -70,8 +86,11 @@ class WorkerPool:
         # parent pipe's read end, CPU locks...]; the read end stays open to
         # start workers later.
         self.fds = [-1, -1, -1]
-        # If the pool is garbage-collected unclosed, workers still go away.
-        self._finalizer = weakref.finalize(self, shutdown, self.processes, self.cpus, self.fds, 1.0)
+        # If the pool is garbage-collected unclosed, or the interpreter exits
+        # with it, workers still go away: at exit before multiprocessing joins
+        # the workers that are not daemons (its exit hook runs finalizers of
+        # priority >= 0 first); never in a fork child of this process.
+        self._finalizer = mp.util.Finalize(self, shutdown, (self.processes, self.cpus, self.fds, 1.0), exitpriority=0)
         _POOLS.add(self)
 
     # -- start ------------------------------------------------------------------
@@ -109,7 +128,7 @@ class WorkerPool:
             parent_alive=FdHandle(self.fds[2]),
             start_method=self.start_method, cpu=self.cpus[k],
         )
-        p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=True)
+        p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=self.daemon)
         p.start()
         return p
 
@@ -187,8 +206,8 @@ class WorkerPool:
     # -- shutdown -------------------------------------------------------------------
 
     def shutdown(self, grace: float) -> None:
-        self._finalizer.detach()
         shutdown(self.processes, self.cpus, self.fds, grace)
+        self._finalizer.cancel()  # (after: if Ctrl-C cuts the shutdown short, the finalizer ends it)
 
 
 def shutdown(processes: list, cpus: list, fds: list[int], grace: float) -> None:
@@ -196,16 +215,16 @@ def shutdown(processes: list, cpus: list, fds: list[int], grace: float) -> None:
     gives workers `grace` seconds in all, then kills what is left."""
     for k, fd in enumerate(fds):
         if fd >= 0:
+            fds[k] = -1  # first: cut short after it, an fd is left open, never closed twice
             PARENT_ONLY_FDS.discard(fd)
             os.close(fd)
-            fds[k] = -1
     deadline = time.monotonic() + grace
     for p in processes:
         p.join(timeout=max(0.0, deadline - time.monotonic()))
-    for p in processes:
+    while processes:  # one by one: cut short, it can be run again
+        p = processes.pop()
         if p.is_alive():
             p.kill()
             p.join(timeout=CLOSE_GRACE_S)
         p.close()
-    processes.clear()
     cpus.clear()

@@ -46,6 +46,7 @@ class Transport:
             self._request_areas.append(buf[req:req + REQUEST_CAPACITY])
             self._reply_areas.append(buf[rep:rep + REPLY_CAPACITY])
         self._request_tag = 0  # the tag of the last request posted
+        self.sending_chunks = False  # a request's chunks are going ahead of its command
 
     def post(self, code: int, requests: list[bytes] | None = None, workers: Iterable[int] | None = None) -> None:
         """Posts a command to every worker (or those listed); requests larger
@@ -55,6 +56,7 @@ class Transport:
         self._request_tag = tag = self._request_tag % 0xFFFFFFFF + 1
         workers = list(range(self.num_workers)) if workers is None else list(workers)
         lens = []
+        self.sending_chunks = True  # until the command itself is posted (see CommandRunner.begin)
         for k, w in enumerate(workers):
             data = requests[k] if requests else b""
             area = self._request_areas[w]
@@ -65,6 +67,7 @@ class Transport:
                 data = data[REQUEST_CAPACITY:]
             area[:len(data)] = data
             lens.append(len(data))
+        self.sending_chunks = False
         self.channel.post(workers, code, tag, lens)
 
     def replies(self, workers: Iterable[int]) -> list[bytes]:

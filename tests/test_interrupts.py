@@ -1,0 +1,204 @@
+"""Ctrl-C at the edges of a call, made to land exactly there: right after
+the workers got a command, in the wait of the SB3 front end, in set_attr,
+in close(); and a fork child of the learner that uses or leaves the
+learner's vector env. Each ends with the env usable (or closed) and no
+step lost or made twice. (Ctrl-C in the middle of a wait or of the
+caller's own slice: tests/test_faults.py.)"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+from fault_envs import FaultEnv, actions_for, wait_gone, worker_pids
+from gymnasium.error import AlreadyPendingCallError
+
+import shmvec
+import shmvec.sb3
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class _InterruptAfterPost:
+    """Stands in for an engine's channel: the workers get the step, then
+    Ctrl-C lands before the caller has noted it."""
+
+    def __init__(self, channel):
+        self._channel = channel
+
+    def post_step_all(self):
+        self._channel.post_step_all()
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name):
+        return getattr(self._channel, name)
+
+
+def _interrupt_next_wait(pool) -> None:
+    """Ctrl-C lands in the pool's next wait for the workers, before they are done."""
+    wait = pool.wait
+
+    def interrupted(*args, **kwargs):
+        pool.wait = wait
+        raise KeyboardInterrupt
+
+    pool.wait = interrupted
+
+
+def _steps(obs) -> list[int]:
+    return np.asarray(obs)[:, 0].astype(int).tolist()
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(2, False), (1, True)])
+def test_ctrl_c_right_after_the_workers_got_a_step_leaves_it_pending(num_workers, caller_steps, closing):
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
+    closing(envs)
+    envs.reset(seed=0)
+    engine = envs._engine
+    engine._channel = _InterruptAfterPost(engine._channel)
+    with pytest.raises(KeyboardInterrupt):
+        envs.step(actions_for(4))
+    engine._channel = engine._channel._channel
+    with pytest.raises(AlreadyPendingCallError, match="pending call to `step`"):
+        envs.step(actions_for(4))
+    assert _steps(envs.step_wait()[0]) == [1, 1, 1, 1]  # each env stepped once
+    assert _steps(envs.step(actions_for(4))[0]) == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("then", ["step_wait", "step", "reset", "get_attr"])
+def test_sb3_front_end_goes_on_after_ctrl_c_in_a_step(then, closing):
+    """SB3's loop calls step() again (or reset(), or reads attributes) after
+    a Ctrl-C, e.g. model.learn() run again in a notebook: the interrupted
+    step is finished first; step_wait() returns its results."""
+    venv = shmvec.sb3.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
+    closing(venv)
+    venv.reset()
+    _interrupt_next_wait(venv._engine.pool)
+    with pytest.raises(KeyboardInterrupt):
+        venv.step(actions_for(4))
+    if then == "step_wait":
+        assert _steps(venv.step_wait()[0]) == [1, 1, 1, 1]
+    elif then == "step":
+        assert _steps(venv.step(actions_for(4))[0]) == [2, 2, 2, 2]
+    elif then == "reset":
+        assert _steps(venv.reset()) == [0, 0, 0, 0]
+    else:
+        assert venv.get_attr("t") == [1, 1, 1, 1]
+    assert _steps(venv.step(actions_for(4))[0]) == ([2] * 4 if then == "step_wait" else [3] * 4 if then == "step"
+                                                    else [1] * 4 if then == "reset" else [2] * 4)
+
+
+def test_sb3_front_end_goes_on_after_ctrl_c_in_a_reset(closing):
+    venv = shmvec.sb3.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
+    closing(venv)
+    venv.reset()
+    venv.step(actions_for(4))
+    _interrupt_next_wait(venv._engine.pool)
+    with pytest.raises(KeyboardInterrupt):
+        venv.reset()
+    assert _steps(venv.reset()) == [0, 0, 0, 0]
+    assert _steps(venv.step(actions_for(4))[0]) == [1, 1, 1, 1]
+
+
+def test_ctrl_c_in_set_attr_is_collected_by_call_wait(closing):
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
+    closing(envs)
+    envs.reset(seed=0)
+    _interrupt_next_wait(envs._engine.pool)
+    with pytest.raises(KeyboardInterrupt):
+        envs.set_attr("hang_s", 7.0)
+    with pytest.raises(AlreadyPendingCallError, match="pending call to `call`"):
+        envs.set_attr("hang_s", 8.0)
+    assert envs.call_wait() == (None,) * 4  # a set_attr's results: nothing
+    assert envs.get_attr("hang_s") == (7.0,) * 4
+    assert _steps(envs.step(actions_for(4))[0]) == [1, 1, 1, 1]
+
+
+class SlowToExitEnv(FaultEnv):
+    """Its worker process outlives the envs' close by a minute: a thread
+    that is not a daemon keeps it (close() waits, then kills it)."""
+
+    def __init__(self):
+        super().__init__()
+        threading.Thread(target=time.sleep, args=(60,)).start()
+
+
+def test_ctrl_c_in_close_still_ends_the_workers(closing):
+    envs = shmvec.ShmVecEnv([SlowToExitEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
+    pids = worker_pids(envs)
+    first = envs._engine.pool.processes[0]
+
+    def interrupted_join(timeout=None):
+        raise KeyboardInterrupt
+
+    first.join = interrupted_join
+    with pytest.raises(KeyboardInterrupt):
+        envs.close()
+    del first.join
+    envs.close()  # already closed: nothing to do
+    del envs, first
+    gc.collect()
+    assert wait_gone(pids) == []
+
+
+def test_a_fork_child_cannot_use_the_parents_env(closing):
+    """Its workers serve the process that made it: a fork child that steps
+    it gets a clear error, and the parent steps on."""
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
+    closing(envs)
+    envs.reset(seed=0)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what step() did, then leave at once
+        try:
+            envs.step(actions_for(4))
+            message = "stepped"
+        except BaseException as exc:
+            message = f"{type(exc).__name__}: {exc}"
+        os.write(write_end, message.encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end) as reader:
+        message = reader.read()
+    assert message.startswith("ShmVecError: this vector env was made in process"), message
+    assert _steps(envs.step(actions_for(4))[0]) == [1, 1, 1, 1]
+
+
+FORK_CHILD_SCRIPT = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    import shmvec
+    from fault_envs import FaultEnv, actions_for
+
+    if __name__ == "__main__":
+        envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method=sys.argv[1])
+        envs.reset(seed=0)
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # the interpreter's exit, with its exit hooks, in a child that never used the env
+        os.waitpid(pid, 0)
+        print(envs.step(actions_for(4))[0][:, 0].tolist(), flush=True)
+        envs.close()
+""")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_a_fork_child_that_exits_leaves_the_parents_workers_alone(start_method, tmp_path):
+    """multiprocessing's exit hook in a plain fork child terminates the
+    daemon processes it inherited the records of: not shmvec's workers."""
+    script = tmp_path / "fork_child.py"
+    script.write_text(FORK_CHILD_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script), start_method], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[1.0, 1.0, 1.0, 1.0]"
+    assert "Traceback" not in done.stderr, done.stderr
