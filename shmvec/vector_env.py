@@ -195,6 +195,13 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         else:
             self.observation_space = self.observation_mode[0]
         self.action_space = batch_space(self.single_action_space, self.num_envs)
+        if async_mode:
+            unshaped = [leaf.name() for leaf in engine.layout.action_leaves if not leaf.fixed]
+            if unshaped:
+                self.close()
+                raise NotImplementedError(
+                    f"async mode (batch_size < num_envs) needs action spaces whose leaves have fixed shapes; "
+                    f"action leaves {unshaped} of {self.single_action_space} have none (use batch_size=num_envs)")
 
         self._io = BatchIO(engine, copy=self.copy)
         self._restarts = engine.restart_failed_workers  # keep what the caller saw (see BatchIO.remember)

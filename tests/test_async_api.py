@@ -339,3 +339,13 @@ def test_explicit_workers_beyond_the_idle_cpus_are_warned_with_the_setting_that_
     assert plan.busy_cpus_note(64, 2, 2, False, True, busy_cpus=1) is None
     assert "num_workers=3 runs more processes than the CPUs left idle (the caller counts as one: it runs the " \
            "policy)" in plan.busy_cpus_note(64, 3, 3, False, True, busy_cpus=1)
+
+
+def test_async_mode_refuses_action_spaces_without_fixed_shapes_when_made():
+    """At construction, not at the first send() after async_reset() and recv() worked."""
+    from shmvec.testing import SpacesEnv
+
+    make = functools.partial(SpacesEnv, spaces.Box(-1, 1, (2,), np.float32),
+                             spaces.Dict({"t": spaces.Text(4), "b": spaces.Discrete(2)}))
+    with pytest.raises(NotImplementedError, match=r"async mode .* action leaves \[\"\['t'\]\"\]"):
+        shmvec.ShmVecEnv([make] * 4, batch_size=2, num_workers=1, start_method="fork")
