@@ -150,7 +150,8 @@ def test_ctrl_c_in_close_still_ends_the_workers(closing):
 
 def test_a_fork_child_cannot_use_the_parents_env(closing):
     """Its workers serve the process that made it: a fork child that steps
-    it gets a clear error, and the parent steps on."""
+    it gets a clear error, its close() leaves them alone, and the parent
+    steps on."""
     envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
     closing(envs)
     envs.reset(seed=0)
@@ -162,6 +163,7 @@ def test_a_fork_child_cannot_use_the_parents_env(closing):
             message = "stepped"
         except BaseException as exc:
             message = f"{type(exc).__name__}: {exc}"
+        envs.close()  # as Gymnasium 0.29's __del__ does at the child's exit: the parent's workers stay
         os.write(write_end, message.encode())
         os._exit(0)
     os.close(write_end)

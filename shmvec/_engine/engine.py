@@ -237,6 +237,9 @@ class Engine(CommandRunner):
         Afterwards no worker, fd or mapping of ours remains."""
         if self.closed:
             return
+        if os.getpid() != self.owner_pid:  # a fork child's copy (e.g. its exit's __del__): the workers are the parent's
+            self.cycle.close()
+            return
         was = self.cycle.close()
         self._command = None  # its results are not wanted any more: waited out below
         errors: list[BaseException] = []
