@@ -21,7 +21,6 @@ from fault_envs import FaultEnv, actions_for, wait_gone, worker_pids
 from gymnasium.error import AlreadyPendingCallError
 
 import shmvec
-import shmvec.sb3
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -72,12 +71,20 @@ def test_ctrl_c_right_after_the_workers_got_a_step_leaves_it_pending(num_workers
     assert _steps(envs.step(actions_for(4))[0]) == [2, 2, 2, 2]
 
 
+def _sb3_vec_env(*args, **kwargs):
+    # The core test environment (.ci/py-versions-check) has no SB3.
+    pytest.importorskip("stable_baselines3")
+    import shmvec.sb3
+
+    return shmvec.sb3.ShmVecEnv(*args, **kwargs)
+
+
 @pytest.mark.parametrize("then", ["step_wait", "step", "reset", "get_attr"])
 def test_sb3_front_end_goes_on_after_ctrl_c_in_a_step(then, closing):
     """SB3's loop calls step() again (or reset(), or reads attributes) after
     a Ctrl-C, e.g. model.learn() run again in a notebook: the interrupted
     step is finished first; step_wait() returns its results."""
-    venv = shmvec.sb3.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
+    venv = _sb3_vec_env([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
     closing(venv)
     venv.reset()
     _interrupt_next_wait(venv._engine.pool)
@@ -96,7 +103,7 @@ def test_sb3_front_end_goes_on_after_ctrl_c_in_a_step(then, closing):
 
 
 def test_sb3_front_end_goes_on_after_ctrl_c_in_a_reset(closing):
-    venv = shmvec.sb3.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
+    venv = _sb3_vec_env([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
     closing(venv)
     venv.reset()
     venv.step(actions_for(4))
