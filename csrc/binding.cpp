@@ -129,6 +129,7 @@ class PyFrontChannel {
     data_ = std::move(data);
   }
   void send(const std::vector<uint32_t>& rows) { channel_.send(rows); }
+  uint64_t sent_count() const { return channel_.sent_count(); }
   uint32_t finished_ready() const { return channel_.finished_ready(); }
   // Waits until `count` envs have finished, then pops them in finishing
   // order. Returns (status, rows): rows only when status is 0; nothing is
@@ -366,6 +367,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("num_envs"), py::arg("record_capacity"), py::arg("owner_of_row"))
       .def("send", &PyFrontChannel::send, py::arg("rows"))
       .def_property_readonly("finished_ready", &PyFrontChannel::finished_ready)
+      .def_property_readonly("sent_count", &PyFrontChannel::sent_count)
       .def("recv", &PyFrontChannel::recv, py::arg("count"), py::arg("sentinels"),
            py::arg("timeout") = -1.0)
       .def("wait_finished", &PyFrontChannel::wait_finished, py::arg("count"), py::arg("sentinels"),

@@ -211,6 +211,7 @@ void FrontChannel::send(const std::vector<uint32_t>& rows) {
     // Release: the worker that acquires the new tail sees the item (and the
     // action row written before this call).
     r->tail.store(tail + 1, std::memory_order_release);
+    ++sent_count_;
     touched[w] = 1;
   }
   for (uint32_t w = 0; w < seq_.size(); ++w)

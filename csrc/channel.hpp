@@ -125,6 +125,9 @@ class FrontChannel {
   void attach_async(AsyncRegion region, std::vector<uint32_t> owner_of_row);
   // Queues envs to step with their owners and rings each owner once.
   void send(const std::vector<uint32_t>& rows);
+  // Envs queued by send() so far: a caller interrupted around a send tells
+  // by it whether the envs went.
+  uint64_t sent_count() const { return sent_count_; }
   // Waits until at least `count` finished envs are ready to pop.
   int wait_finished(uint32_t count, const std::vector<int>& sentinels, double timeout_s,
                     const Interrupted& interrupted);
@@ -160,6 +163,7 @@ class FrontChannel {
   std::vector<uint32_t> seq_;    // doorbell value last rung for each worker
   std::vector<uint8_t> posted_;  // workers given the last command
   uint32_t last_id_ = 0;         // id of the last command posted
+  uint64_t sent_count_ = 0;      // envs queued by send()
   AsyncRegion async_;
   std::vector<uint32_t> owner_;  // worker of each env row
 };

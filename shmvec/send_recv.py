@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from shmvec._engine.cycle import Phase
 from shmvec.contract import check_async, checked_env_ids, seeds_for
 from shmvec.step_infos import vectorize_batch
 
@@ -20,9 +21,12 @@ class SendRecv:
     cycle and BatchIO."""
 
     def _init_send_recv(self) -> None:
-        # Envs sent and not yet received; envs reset by async_reset() waiting
-        # to be received, with their reset records.
+        # Envs sent and not yet received by the user; those of them that
+        # finished (recv() took them from the engine but has not returned
+        # them yet: a Ctrl-C cut it short); envs reset by async_reset()
+        # waiting to be received, with their reset records.
         self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
+        self._finished: list[int] = []
         self._reset_ready: list[int] = []
         self._reset_records: dict[int, tuple] = {}
 
@@ -35,11 +39,25 @@ class SendRecv:
         seeds = seeds_for(seed, self.num_envs)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+        self._finish_interrupted_reset()
         steps = self._engine.async_steps
+        self._in_flight[self._finished] = False  # landed already: their results are dropped
+        self._finished.clear()
         while self._in_flight.any():  # let them land, then drop their results
             finished = steps.recv(int(self._in_flight.sum()), discard=True)
             self._in_flight[finished or self._engine.restarted_rows] = False  # a restart lost its own
-        records = self._engine.reset(seeds, options, None)
+        self._reset_ready.clear()
+        self._reset_records.clear()
+        self._reset_received(self._engine.reset(seeds, options, None))
+
+    def _finish_interrupted_reset(self) -> None:
+        """A Ctrl-C cut async_reset() short while the workers reset: its
+        results are collected as if it had returned."""
+        if self._cycle.phase is Phase.WAITING_RESET:
+            self._reset_received(self._engine.finish())
+
+    def _reset_received(self, records: list) -> None:
+        """Every env was reset: recv() hands out their results."""
         self._cycle.reset_done()
         self._io.rewards[:] = 0.0
         self._io.terminations[:] = False
@@ -49,41 +67,53 @@ class SendRecv:
 
     def send(self, actions: Any, env_ids: Any) -> None:
         """Hands envs `env_ids` their next actions and returns at once."""
+        self._finish_interrupted_reset()
         self._cycle.check_steppable("send")
         check_async(self, "send")
         ids = checked_env_ids(env_ids, self.num_envs, self._in_flight, self._reset_ready)
         self._io.write_actions(actions, ids)
-        self._engine.async_steps.send(ids.tolist())
-        self._in_flight[ids] = True
+        steps = self._engine.async_steps
+        sent = steps.sent_count
+        try:
+            steps.send(ids.tolist())
+            self._in_flight[ids] = True
+        except BaseException:
+            if steps.sent_count != sent:  # Ctrl-C once they went: in flight, not to be sent twice
+                self._in_flight[ids] = True
+            raise
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Waits for ``batch_size`` envs to finish and returns their
         (observations, rewards, terminations, truncations, infos), in the
         order they finished; ``infos["env_id"]`` says which envs they are."""
+        self._finish_interrupted_reset()
         self._cycle.check_usable()
         check_async(self, "recv")
         available = len(self._reset_ready) + int(np.count_nonzero(self._in_flight))
         if available < self.batch_size:
+            if self._cycle.phase is Phase.NEEDS_RESET:
+                raise RuntimeError(self._cycle.why)
             raise RuntimeError(
                 f"recv() needs {self.batch_size} envs in flight, but only {available} are: "
                 "send() more first (or async_reset())"
             )
-        rows = self._reset_ready[: self.batch_size]
-        del self._reset_ready[: self.batch_size]
-        records = [self._reset_records.pop(r) for r in rows if r in self._reset_records]
+        # Nothing is taken from the lists below before the batch is built: a
+        # Ctrl-C anywhere before recv() returns leaves every env to the next.
+        resets = min(len(self._reset_ready), self.batch_size)
+        stepped = self.batch_size - resets
         steps = self._engine.async_steps
-        done = None
-        while len(rows) < self.batch_size:
-            finished = steps.recv(self.batch_size - len(rows))
+        while len(self._finished) < stepped:
+            finished = steps.recv(stepped - len(self._finished))
             if self._engine.restarted_rows:
                 self._send_again(self._engine.restarted_rows)
                 continue
-            done = np.array(finished, dtype=np.int64)  # an array indexes faster than a list
-            self._in_flight[done] = False
-            rows += finished
-            records += steps.records(finished)
-        # The last envs to finish are usually the whole batch: their array serves.
-        ids = done if done is not None and len(done) == len(rows) else np.asarray(rows, dtype=np.int64)
+            self._finished += finished
+        reset_rows, step_rows = self._reset_ready[:resets], self._finished[:stepped]
+        records = [self._reset_records[r] for r in reset_rows if r in self._reset_records]
+        if step_rows:
+            records += steps.records(step_rows)
+        rows = reset_rows + step_rows
+        ids = np.array(rows, dtype=np.int64)
         infos = vectorize_batch(self._io, records, rows)  # first: it stores observation leaves without a fixed shape
         infos["env_id"] = ids
         io = self._io
@@ -91,6 +121,11 @@ class SendRecv:
                   io.truncations.take(ids), infos)
         if self._restarts:
             io.remember(ids)
+        # Received: the envs are the user's again.
+        del self._reset_ready[:resets], self._finished[:stepped]
+        for row in reset_rows:
+            self._reset_records.pop(row, None)
+        self._in_flight[ids[resets:]] = False
         return result
 
     def _send_lost(self) -> None:
@@ -102,7 +137,7 @@ class SendRecv:
         """Fresh workers replaced failed ones: the envs they had in flight
         go again, to come back with their restart reports (which ignore the
         action); the others report at their next send()."""
-        rows = np.asarray(restarted)
-        lost = rows[self._in_flight[rows]].tolist()
+        finished = set(self._finished)  # came back before the failure: received as they are
+        lost = [row for row in restarted if self._in_flight[row] and row not in finished]
         self._io.restore(lost)  # the failed worker may have written some of their rows
         self._engine.async_steps.send(lost)

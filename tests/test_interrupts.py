@@ -211,3 +211,145 @@ def test_a_fork_child_that_exits_leaves_the_parents_workers_alone(start_method, 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[1.0, 1.0, 1.0, 1.0]"
     assert "Traceback" not in done.stderr, done.stderr
+
+
+# -- async mode (send/recv) ------------------------------------------------------
+
+
+def _interrupt_next_call(obj, name: str, after: bool = False) -> None:
+    """Ctrl-C lands in `obj`'s next call of method `name`: before it runs,
+    or (`after`) once it has run."""
+    original = getattr(obj, name)
+
+    def interrupted(*args, **kwargs):
+        delattr(obj, name)
+        if after:
+            original(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    setattr(obj, name, interrupted)
+
+
+def _async_envs(closing, num_workers: int = 2):
+    envs = shmvec.ShmVecEnv([FaultEnv] * 6, batch_size=4, num_workers=num_workers, start_method="fork")
+    closing(envs)
+    return envs
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("where", ["waiting", "after the envs came back"])
+def test_ctrl_c_in_recv_loses_no_env(num_workers, where, closing):
+    """recv() gathers reset results and finished envs: a Ctrl-C before it
+    returns keeps them all for the next recv()."""
+    envs = _async_envs(closing, num_workers)
+    envs.async_reset(seed=0)
+    first = envs.recv()[4]["env_id"].tolist()
+    assert first == [0, 1, 2, 3]
+    envs.send(actions_for(4), first)
+    steps = envs._engine.async_steps
+    if where == "waiting":
+        _interrupt_next_call(steps, "recv")
+    else:
+        _interrupt_next_call(steps, "records", after=True)
+    with pytest.raises(KeyboardInterrupt):
+        envs.recv()
+    obs, _, _, _, infos = envs.recv()
+    ids = infos["env_id"].tolist()
+    assert ids[:2] == [4, 5] and set(ids[2:]) < {0, 1, 2, 3}  # the resets first, then two that stepped
+    assert _steps(obs) == [0, 0, 1, 1]
+    # Every env comes back once per send, having stepped once per send.
+    sent = {env: 1 if env < 4 else 0 for env in range(6)}
+    out = set(range(4)) - set(ids)
+    for _ in range(3):
+        envs.send(actions_for(4), ids)
+        out.update(ids)
+        for env in ids:
+            sent[env] += 1
+        obs, _, _, _, infos = envs.recv()
+        ids = infos["env_id"].tolist()
+        assert set(ids) <= out and len(set(ids)) == 4
+        assert _steps(obs) == [sent[env] for env in ids]
+        out -= set(ids)
+
+
+@pytest.mark.parametrize("then", ["recv", "async_reset", "send"])
+def test_ctrl_c_in_async_reset_is_finished_by_the_next_async_call(then, closing):
+    """An async_reset() cut short by Ctrl-C while the workers reset is
+    finished by the next async call, as if it had returned: recv() hands out
+    its results, send() asks for them to be received first, and
+    async_reset() resets again."""
+    envs = _async_envs(closing)
+    _interrupt_next_wait(envs._engine.pool)
+    with pytest.raises(KeyboardInterrupt):
+        envs.async_reset(seed=0)
+    if then == "recv":
+        obs, _, _, _, infos = envs.recv()
+        assert infos["env_id"].tolist() == [0, 1, 2, 3] and _steps(obs) == [0, 0, 0, 0]
+    elif then == "send":
+        with pytest.raises(ValueError, match="reset results not yet received"):
+            envs.send(actions_for(4), [0, 1, 2, 3])
+        envs.recv()
+    else:
+        envs.async_reset(seed=0)
+        envs.recv()
+    envs.send(actions_for(4), [0, 1, 2, 3])
+    obs, _, _, _, infos = envs.recv()
+    assert infos["env_id"].tolist()[:2] == [4, 5] and _steps(obs)[:2] == [0, 0]
+
+
+class _InterruptSend:
+    """Stands in for an async engine's channel: Ctrl-C lands in send(),
+    before the envs went or just after."""
+
+    def __init__(self, channel, after: bool):
+        self._channel, self._after = channel, after
+
+    def send(self, rows):
+        if self._after:
+            self._channel.send(rows)
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name):
+        return getattr(self._channel, name)
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before the envs went", "once they went"])
+def test_ctrl_c_in_send_steps_each_env_once(after, closing):
+    envs = _async_envs(closing)
+    envs.async_reset(seed=0)
+    envs.recv()
+    steps = envs._engine.async_steps
+    steps._channel = _InterruptSend(steps._channel, after)
+    with pytest.raises(KeyboardInterrupt):
+        envs.send(actions_for(4), [0, 1, 2, 3])
+    steps._channel = steps._channel._channel
+    if after:
+        with pytest.raises(ValueError, match="already in flight"):
+            envs.send(actions_for(4), [0, 1, 2, 3])
+    else:
+        envs.send(actions_for(4), [0, 1, 2, 3])
+    obs, _, _, _, infos = envs.recv()
+    ids = infos["env_id"].tolist()
+    assert ids[:2] == [4, 5] and len(set(ids)) == 4 and _steps(obs) == [0, 0, 1, 1]  # stepped once
+    envs.send(actions_for(4), ids)
+    obs, _, _, _, infos = envs.recv()
+    again = infos["env_id"].tolist()
+    stepped = {env: 2 if env in ids[2:] else 1 for env in range(6)}
+    assert len(set(again)) == 4 and _steps(obs) == [stepped[env] for env in again]
+
+
+def test_ctrl_c_in_the_callers_own_resets_asks_for_async_reset(closing):
+    """Without workers the caller resets every env itself: a Ctrl-C among
+    them leaves some reset and some not, and send()/recv() say so."""
+    envs = _async_envs(closing, num_workers=0)
+    envs.async_reset(seed=0)
+    _interrupt_next_call(envs._engine._caller, "reset")
+    with pytest.raises(KeyboardInterrupt):
+        envs.async_reset(seed=1)
+    with pytest.raises(RuntimeError, match=r"interrupted mid-batch; .*async_reset\(\) in async mode"):
+        envs.recv()
+    with pytest.raises(RuntimeError, match=r"interrupted mid-batch; .*async_reset\(\) in async mode"):
+        envs.send(actions_for(4), [0, 1, 2, 3])
+    envs.async_reset(seed=1)
+    obs, _, _, _, infos = envs.recv()
+    assert infos["env_id"].tolist() == [0, 1, 2, 3] and _steps(obs) == [0, 0, 0, 0]

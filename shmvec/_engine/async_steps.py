@@ -54,6 +54,11 @@ class AsyncSteps:
             self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
         self._channel.send(rows)
 
+    @property
+    def sent_count(self) -> int:
+        """Envs sent so far (a send cut short by Ctrl-C went if it moved on)."""
+        return self._channel.sent_count
+
     def recv(self, count: int, discard: bool = False) -> list[int]:
         """Waits for `count` envs to finish; returns their rows in finishing
         order (`discard`, their results to be dropped, changes nothing: the
@@ -148,11 +153,16 @@ class CallerSteps:
         self._engine = engine
         self._envs = envs
         self._queue: list[int] = []
+        self._taken = 0  # envs taken from the queue: with it, sent_count
         self._records: dict[int, StepRecord] = {}
 
     def send(self, rows: list[int]) -> None:
         self._engine.cycle.check_usable()
         self._queue += rows
+
+    @property
+    def sent_count(self) -> int:
+        return self._taken + len(self._queue)
 
     def recv(self, count: int, discard: bool = False) -> list[int]:
         """Steps the first `count` envs queued; returns their rows. With
@@ -164,12 +174,14 @@ class CallerSteps:
         self._engine.restarted_rows = []
         rows = self._queue[:count]
         del self._queue[:count]  # in place: no copy of the envs still queued
+        self._taken += len(rows)
         if discard:
             return rows
         try:
             records = self._envs.step_rows(rows)
         except BaseException as exc:
             self._queue[:0] = rows
+            self._taken -= len(rows)
             cycle.half_done(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else ENV_RAISED)
             raise
         for record in records:

@@ -76,10 +76,10 @@ class CommandRunner:
                               "process only, so a fork child cannot use it: make a new one in the child")
         plain_step = code == P.STEP and requests is None
         command = _Command(code, caller_fn, plain_step, collect)
-        self.cycle.begin(_PHASE_OF[code])
-        self._command = command
         posted = self._channel.posted_id if self.num_workers else 0
+        self.cycle.begin(_PHASE_OF[code])  # (raises, changing nothing, while another call is pending)
         try:
+            self._command = command
             if self.num_workers and self._channel.busy:
                 self._wait_out_unread()
             if self.restarted_rows:

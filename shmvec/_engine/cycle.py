@@ -35,8 +35,10 @@ from shmvec.errors import ShmVecError
 
 __all__ = ["Phase", "CommandCycle", "ENV_RAISED", "INTERRUPTED"]
 
-ENV_RAISED = "an env raised during the last call; reset() all envs before stepping again"
-INTERRUPTED = "a step was interrupted mid-batch; reset() all envs before stepping again"
+ENV_RAISED = ("an env raised during the last call; reset all envs (reset(), or async_reset() in async mode) "
+              "before stepping again")
+INTERRUPTED = ("a step or reset was interrupted mid-batch; reset all envs (reset(), or async_reset() in async mode) "
+               "before stepping again")
 
 
 class Phase(Enum):
