@@ -14,8 +14,9 @@ from shmvec.vector_env import ShmVecEnv
 __all__ = ["make"]
 
 
-def _make_env(env_id: str, env_kwargs: dict[str, Any], wrappers: Sequence[Callable] | None) -> gym.Env:
-    env = gym.make(env_id, **env_kwargs)
+def _make_env(spec: gym.envs.registration.EnvSpec, env_kwargs: dict[str, Any],
+              wrappers: Sequence[Callable] | None) -> gym.Env:
+    env = gym.make(spec, **env_kwargs)
     for wrapper in wrappers or ():
         env = wrapper(env)
     return env
@@ -45,7 +46,9 @@ def make(
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
     spec = gym.spec(env_id)  # fails early, with gymnasium's message, for unknown ids
-    factory = functools.partial(_make_env, env_id, dict(env_kwargs), list(wrappers or ()))
+    # The spec, not the id: workers that import the program afresh (spawn,
+    # forkserver) then need not find the id registered, as in make_vec.
+    factory = functools.partial(_make_env, spec, dict(env_kwargs), list(wrappers or ()))
     envs = ShmVecEnv([factory] * num_envs, **(vector_kwargs or {}))
     vec_spec = copy.deepcopy(spec)
     vec_spec.kwargs = {**spec.kwargs, **env_kwargs}

@@ -207,6 +207,24 @@ def test_make_mirrors_make_vec(closing):
         shmvec.make("NoSuchEnv-v0", num_envs=2)
 
 
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_make_reaches_ids_registered_at_run_time(start_method, closing):
+    """An id registered in the running program (e.g. inside the main
+    guard), which workers that import the program afresh never see:
+    make() hands them the spec, as gymnasium.make_vec does."""
+    gym.register(id="RunTimeCartPole-v0", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+                 max_episode_steps=7)
+    try:
+        envs = shmvec.make("RunTimeCartPole-v0", num_envs=2,
+                           vector_kwargs={"num_workers": 1, "caller_steps": False, "start_method": start_method})
+        closing(envs)
+        ref = SyncVectorEnv([lambda: gym.make("RunTimeCartPole-v0")] * 2)
+        closing(ref)
+        run_lockstep(envs, ref, steps=10)  # truncated at 7 steps, as registered
+    finally:
+        del gym.registry["RunTimeCartPole-v0"]
+
+
 class HeldBufferEnv(gym.Env):
     """Returns its one internal array every step, changed in place: a
     vector env that hands it out without a copy lets a held observation
