@@ -334,6 +334,9 @@ PYBIND11_MODULE(_core, m) {
                           l.reply_area(nullptr, worker) - static_cast<char*>(nullptr));
   }, py::arg("num_workers"), py::arg("request_capacity"), py::arg("reply_capacity"), py::arg("worker"),
      "(request offset, reply offset) of a worker's byte areas in the arena.");
+  m.def("exit_when_hung_up", &platform::exit_when_hung_up, py::arg("fd"), py::arg("grace_ns"),
+        py::arg("exit_code"),
+        "A thread that ends this process `grace_ns` after pipe `fd` hangs up (a worker's parent died).");
   m.def("unmap_all", [] {
     for (Mapping* m : all_mappings()) m->unmap();
   }, "Unmaps every arena mapping of this process for good (the objects stay, empty): for a "

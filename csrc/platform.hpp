@@ -29,6 +29,12 @@ void futex_wake(std::atomic<uint32_t>* word, int count);
 // is readable or hung up (a process sentinel or the end of a pipe), or -1.
 int first_ready_fd(const int* fds, int count);
 
+// Starts a thread that waits until `fd` (the read end of a pipe) hangs up,
+// then gives the process `grace_ns` to exit on its own and ends it with
+// `exit_code`: a worker outlives its dead parent by at most that much, even
+// inside an env's step that never returns. Returns false if no thread started.
+bool exit_when_hung_up(int fd, int64_t grace_ns, int exit_code);
+
 // Offers the CPU to another runnable thread on this core (sched_yield).
 void yield_cpu();
 

@@ -11,6 +11,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <system_error>
+#include <thread>
+
 namespace shmvec::platform {
 
 int create_shared_file(std::size_t size) {
@@ -68,6 +71,23 @@ int first_ready_fd(const int* fds, int count) {
   for (int i = 0; i < n; ++i)
     if (p[i].revents & (POLLIN | POLLHUP | POLLERR | POLLNVAL)) return i;
   return -1;
+}
+
+bool exit_when_hung_up(int fd, int64_t grace_ns, int exit_code) {
+  try {
+    std::thread([fd, grace_ns, exit_code] {
+      struct pollfd p = {fd, POLLIN, 0};
+      while (poll(&p, 1, -1) < 0)
+        if (errno != EINTR) return;  // (a bad fd: no guard, as before)
+      const struct timespec grace = {static_cast<time_t>(grace_ns / 1'000'000'000),
+                                     static_cast<long>(grace_ns % 1'000'000'000)};
+      nanosleep(&grace, nullptr);
+      _exit(exit_code);
+    }).detach();
+  } catch (const std::system_error&) {
+    return false;
+  }
+  return true;
 }
 
 void yield_cpu() { sched_yield(); }

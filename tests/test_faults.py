@@ -44,6 +44,7 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 from helpers import needs_gymnasium_1
 
 import shmvec
+from shmvec._engine.worker import CLOSE_GRACE_S
 from shmvec.errors import RemoteTraceback
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -409,14 +410,18 @@ PARENT_SCRIPT = textwrap.dedent("""
     import functools, sys, time
     import numpy as np
     import shmvec
-    from fault_envs import FaultEnv
+    from fault_envs import HANG, FaultEnv
 
     if __name__ == "__main__":
         envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False,
                                 start_method=sys.argv[1])
         envs.reset(seed=0)
         envs.step(np.zeros(4, dtype=np.int64))
-        print(*sorted(set(envs.call("pid"))), flush=True)
+        pids = sorted(set(envs.call("pid")))
+        if sys.argv[2] == "mid-step":
+            envs.step_async(np.full(4, HANG, dtype=np.int64))  # a step of a minute
+            time.sleep(0.5)  # the workers are in it
+        print(*pids, flush=True)
         time.sleep(120)
 """)
 
@@ -427,14 +432,17 @@ def script_env() -> dict:
     return env
 
 
-@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
-def test_workers_exit_when_front_end_is_sigkilled(start_method, tmp_path):
+@pytest.mark.parametrize("start_method, when", [("fork", "idle"), ("forkserver", "idle"), ("spawn", "idle"),
+                                               ("forkserver", "mid-step")])
+def test_workers_exit_when_front_end_is_sigkilled(start_method, when, tmp_path):
+    """Idle workers see it at once; a worker inside an env's step that takes
+    a minute ends itself CLOSE_GRACE_S later."""
     script = tmp_path / "front.py"
     script.write_text(PARENT_SCRIPT)
     # A SIGKILLed process cannot remove multiprocessing's temp dir (the fork
     # server's socket): let it land in this test's own.
     env = dict(script_env(), TMPDIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, str(script), start_method], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, str(script), start_method, when], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -447,8 +455,9 @@ def test_workers_exit_when_front_end_is_sigkilled(start_method, tmp_path):
         assert set(workers) <= set(family)
         proc.kill()
         proc.wait(timeout=10)
-        left = wait_gone(family, timeout=5)
-        assert left == [], f"still running 5 s after the front end died: {[(p, cmdline(p)) for p in left]}"
+        limit = 5 if when == "idle" else CLOSE_GRACE_S + 5
+        left = wait_gone(family, timeout=limit)
+        assert left == [], f"still running {limit} s after the front end died: {[(p, cmdline(p)) for p in left]}"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -21,13 +21,11 @@ from shmvec._engine.cpus import choose_cpus
 from shmvec._engine.cycle import CommandCycle
 from shmvec._engine.system import PARENT_ONLY_FDS
 from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY
-from shmvec._engine.worker import FdHandle, WorkerSpec
+from shmvec._engine.worker import CLOSE_GRACE_S, FdHandle, WorkerSpec
 from shmvec._engine.worker import main as worker_main
 from shmvec.errors import ShmVecTimeoutError, WorkerDiedError, describe_exit
 
 __all__ = ["WorkerPool", "CLOSE_GRACE_S", "still_pending", "live_worker_pids"]
-
-CLOSE_GRACE_S = 5.0
 
 # Every pool of this process not yet collected: their workers are shmvec's
 # own, not other programs' load (system.cpus_busy_elsewhere).

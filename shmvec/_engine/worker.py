@@ -23,7 +23,12 @@ from shmvec._engine import protocol as P
 from shmvec._engine.system import close_arena_fds, pin_to_cpu
 from shmvec._engine.env_slice import EnvSlice, make_envs
 
-__all__ = ["FdHandle", "WorkerSpec", "main"]
+__all__ = ["FdHandle", "WorkerSpec", "main", "CLOSE_GRACE_S"]
+
+# How long a closing worker has to exit on its own: the front end's close()
+# waits this long before it kills one, and a worker whose front end died
+# (its parent pipe hung up) ends itself this long after, even mid-step.
+CLOSE_GRACE_S = 5.0
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -100,6 +105,9 @@ def main(spec: WorkerSpec) -> None:
         close_arena_fds(keep=spec.arena.fd)
     if spec.cpu is not None:
         pin_to_cpu(spec.cpu)
+    # Between steps the worker sees its parent die; this also ends it inside
+    # a step that takes long or never returns.
+    _core.exit_when_hung_up(spec.parent_alive.fd, int(CLOSE_GRACE_S * 1e9), 0)
     _limit_threads()
     boot = _core.Mapping(spec.arena.fd, spec.fixed_size)
     channel = _core.WorkerChannel(boot, spec.index, spec.num_workers, spec.request_capacity,
