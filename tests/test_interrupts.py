@@ -155,18 +155,28 @@ def test_ctrl_c_in_close_still_ends_the_workers(closing):
     assert wait_gone(pids) == []
 
 
-def test_a_fork_child_cannot_use_the_parents_env(closing):
+@pytest.mark.parametrize("mode", ["lock-step", "async"])
+def test_a_fork_child_cannot_use_the_parents_env(mode, closing):
     """Its workers serve the process that made it: a fork child that steps
     it gets a clear error, its close() leaves them alone, and the parent
     steps on."""
-    envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork")
+    batch_size = 2 if mode == "async" else None
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork",
+                            batch_size=batch_size)
     closing(envs)
-    envs.reset(seed=0)
+    if mode == "async":
+        envs.async_reset(seed=0)
+        envs.recv()
+    else:
+        envs.reset(seed=0)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report what step() did, then leave at once
         try:
-            envs.step(actions_for(4))
+            if mode == "async":
+                envs.send(actions_for(2), [0, 1])
+            else:
+                envs.step(actions_for(4))
             message = "stepped"
         except BaseException as exc:
             message = f"{type(exc).__name__}: {exc}"
@@ -178,7 +188,13 @@ def test_a_fork_child_cannot_use_the_parents_env(closing):
     with os.fdopen(read_end) as reader:
         message = reader.read()
     assert message.startswith("ShmVecError: this vector env was made in process"), message
-    assert _steps(envs.step(actions_for(4))[0]) == [1, 1, 1, 1]
+    if mode == "async":
+        assert envs.recv()[4]["env_id"].tolist() == [2, 3]  # the resets left
+        envs.send(actions_for(2), [0, 1])
+        obs, _, _, _, infos = envs.recv()
+        assert infos["env_id"].tolist() == [0, 1] and _steps(obs) == [1, 1]
+    else:
+        assert _steps(envs.step(actions_for(4))[0]) == [1, 1, 1, 1]
 
 
 FORK_CHILD_SCRIPT = textwrap.dedent("""

@@ -50,6 +50,7 @@ class AsyncSteps:
     def send(self, rows: list[int]) -> None:
         """Queues envs (whose actions are in the arena) to their workers."""
         self._engine.cycle.check_usable()
+        self._engine.check_owner()
         if self._pool.restart:
             self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
         self._channel.send(rows)
@@ -69,6 +70,7 @@ class AsyncSteps:
         those it had in flight)."""
         engine, pool = self._engine, self._pool
         engine.cycle.check_usable()
+        engine.check_owner()
         engine.restarted_rows = []
         if pool.restart and time.monotonic() >= self._next_check and self._restart():
             return []

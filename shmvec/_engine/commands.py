@@ -61,6 +61,13 @@ class CommandRunner:
         dropped."""
         self.pool.wait()
 
+    def check_owner(self) -> None:
+        """Raises in a fork child: the workers serve the process that made
+        the engine (a child's command would reach them beside the parent's)."""
+        if os.getpid() != self.owner_pid:
+            raise ShmVecError(f"this vector env was made in process {self.owner_pid}; its workers serve that "
+                              "process only, so a fork child cannot use it: make a new one in the child")
+
     def begin(self, code: int, caller_fn: Callable[[EnvSlice], Any], requests: list[bytes] | None = None,
               collect: Callable[[Any, list[bytes]], Any] | None = None) -> None:
         """Starts one command: the workers' part is posted (they start at
@@ -71,9 +78,7 @@ class CommandRunner:
         (their channel's posted id moved on, and not for a chunk of its
         request), it stays in flight, for finish() to collect; before, the
         call never began."""
-        if os.getpid() != self.owner_pid:
-            raise ShmVecError(f"this vector env was made in process {self.owner_pid}; its workers serve that "
-                              "process only, so a fork child cannot use it: make a new one in the child")
+        self.check_owner()
         plain_step = code == P.STEP and requests is None
         command = _Command(code, caller_fn, plain_step, collect)
         posted = self._channel.posted_id if self.num_workers else 0
