@@ -46,9 +46,14 @@ class SendRecv:
         while self._in_flight.any():  # let them land, then drop their results
             finished = steps.recv(int(self._in_flight.sum()), discard=True)
             self._in_flight[finished or self._engine.restarted_rows] = False  # a restart lost its own
-        self._reset_ready.clear()
+        self._reset_ready.clear()  # an earlier reset's results: not to be handed out if this one is cut short
         self._reset_records.clear()
         self._reset_received(self._engine.reset(seeds, options, None))
+
+    def _has_results_at_hand(self) -> bool:
+        """Whether recv() holds envs it can hand out without waiting (reset
+        results, or envs an interrupted recv() had gathered)."""
+        return bool(self._reset_ready or self._finished)
 
     def _finish_interrupted_reset(self) -> None:
         """A Ctrl-C cut async_reset() short while the workers reset: its

@@ -61,10 +61,16 @@ class CommandRunner:
         dropped."""
         self.pool.wait()
 
+    @property
+    def in_owner(self) -> bool:
+        """Whether this is the process that made the engine, whose workers
+        serve it only (not a fork child of it)."""
+        return os.getpid() == self.owner_pid
+
     def check_owner(self) -> None:
         """Raises in a fork child: the workers serve the process that made
         the engine (a child's command would reach them beside the parent's)."""
-        if os.getpid() != self.owner_pid:
+        if not self.in_owner:
             raise ShmVecError(f"this vector env was made in process {self.owner_pid}; its workers serve that "
                               "process only, so a fork child cannot use it: make a new one in the child")
 

@@ -237,7 +237,7 @@ class Engine(CommandRunner):
         Afterwards no worker, fd or mapping of ours remains."""
         if self.closed:
             return
-        if os.getpid() != self.owner_pid:  # a fork child's copy (e.g. its exit's __del__): the workers are the parent's
+        if not self.in_owner:  # a fork child's copy (e.g. its exit's __del__): the workers are the parent's
             self.cycle.close()
             return
         was = self.cycle.close()

@@ -109,7 +109,7 @@ class SliceHost:
         failure to handle, or the timeout is up), without blocking the loop."""
         envs, loop = self.envs, asyncio.get_running_loop()
         engine, start = envs._engine, time.monotonic()
-        while not (envs._reset_ready or envs._finished):
+        while not envs._has_results_at_hand():
             if await loop.run_in_executor(self._waiter, engine.async_steps.wait_finished, 1, WAIT_SLICE_S):
                 return
             if self._closing:
