@@ -33,7 +33,8 @@ class Stepper {
   // leaf without a fixed shape (it travels by pickle in the records). An
   // action leaf is a list of arrays instead, views of the same bytes in
   // each dtype the batch may be stored in; action_codes (uint8, one per
-  // action leaf) says which one holds the current batch.
+  // action leaf) says which one holds the current batch, and its high bit
+  // that each env gets its element as a Python scalar (item()).
   // action_builder(row, objects) builds a structured action; None when the
   // action space is one fixed leaf. obs_flattener(obs) lists an observation's
   // leaves; None when the observation space is one fixed leaf.
@@ -126,7 +127,7 @@ class Stepper {
   py::object restart_report(py::ssize_t k);
   std::vector<uint8_t> needs_reset_;  // per env: kNone, kAutoreset or kRestarted
   py::ssize_t failed_row_ = -1;
-  py::str step_name_, reset_name_, copy_name_, restarted_key_;
+  py::str step_name_, reset_name_, copy_name_, item_name_, restarted_key_;
   py::array keep_rewards_, keep_terminations_, keep_truncations_;
   // Info columns; info_flags_ is null while they are off (async mode).
   py::array keep_info_values_, keep_info_flags_;

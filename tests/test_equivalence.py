@@ -396,7 +396,8 @@ def _seen_types(action):
         return {k: _seen_types(v) for k, v in action.items()}
     if isinstance(action, tuple):
         return tuple(_seen_types(v) for v in action)
-    return type(action).__name__, str(np.asarray(action).dtype)
+    kind = type(action)  # numpy's bool is named "bool" too: the module tells them apart
+    return f"{kind.__module__}.{kind.__qualname__}", str(np.asarray(action).dtype)
 
 
 F32 = np.float32
@@ -441,6 +442,38 @@ def test_env_sees_action_dtype_of_the_batch(case, num_workers, caller_steps, clo
         assert_same(out, expected, f"step {t} ({d})")
 
 
+LIST_ACTION_CASES = {
+    "discrete-list": (spaces.Discrete(3), lambda n: [k % 3 for k in range(n)]),
+    "discrete-tuple": (spaces.Discrete(3), lambda n: tuple((k + 1) % 3 for k in range(n))),
+    "discrete-bools": (spaces.Discrete(2), lambda n: [k % 2 == 0 for k in range(n)]),
+    "box0-floats": (spaces.Box(0, 1, (), F32), lambda n: [k / n for k in range(n)]),
+    "dict-leaf-list": (spaces.Dict({"a": spaces.Box(0, 1, (2,), F32), "b": spaces.Discrete(3)}),
+                       lambda n: {"a": np.full((n, 2), 0.5, F32), "b": [k % 3 for k in range(n)]}),
+    # Not all Python scalars of one type: each env gets a numpy scalar of the
+    # batch (SyncVectorEnv hands on the list's items as they are).
+    "discrete-numpy-items": (spaces.Discrete(3), lambda n: [np.int64(k % 3) for k in range(n)]),
+}
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (2, False)])
+@pytest.mark.parametrize("case", sorted(LIST_ACTION_CASES))
+def test_env_sees_the_python_scalars_of_a_list_batch(case, num_workers, caller_steps, closing):
+    """As SyncVectorEnv, which iterates over the caller's list, each env of a
+    list (or tuple) of Python ints, floats or bools gets a Python int, float
+    or bool, not a numpy scalar (an env may json.dumps its action)."""
+    space, batch = LIST_ACTION_CASES[case]
+    envs, ref = pair(functools.partial(ActionTypeEnv, space), 4, num_workers=num_workers,
+                     caller_steps=caller_steps, start_method="fork")
+    closing(envs), closing(ref)
+    assert_same(envs.reset(seed=0), ref.reset(seed=0), "reset")
+    rng = np.random.default_rng(0)
+    for t in range(3):  # a list between array batches: the arrays' types come back
+        out, expected = envs.step(batch(4)), ref.step(batch(4))
+        assert_same(out, expected, f"step {t}: list")
+        arrays = _batch_of(space, (np.float32, np.int64) if isinstance(space, spaces.Dict) else (space.dtype,), 4, rng)
+        assert_same(envs.step(arrays), ref.step(arrays), f"step {t}: arrays")
+
+
 def test_async_send_casts_actions_to_the_space_dtype(closing):
     """send() writes some rows while other envs read theirs: it stores the
     batch in the action space's dtype, whatever the caller's dtype."""
@@ -455,7 +488,7 @@ def test_async_send_casts_actions_to_the_space_dtype(closing):
         dtype = np.float64 if t % 2 else np.float32
         envs.send(np.full((2, 2), 0.5, dtype), infos["env_id"])
         assert obs.dtype == np.float32
-    assert seen and set(seen) == {repr(("ndarray", "float32"))}
+    assert seen and set(seen) == {repr(("numpy.ndarray", "float32"))}
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from helpers import assert_same, init_local_ray, run_lockstep
 from test_async import async_trajectories, row_info, sync_trajectories
+from test_equivalence import ActionTypeEnv
 
 import shmvec
 from shmvec.testing import SpacesEnv, StragglerEnv
@@ -73,6 +74,17 @@ def test_matches_sync_vector_env(make, mode, closing):
     obs, *_ = envs.step(ref.action_space.sample())
     for leaf in (obs,) if isinstance(obs, np.ndarray) else (obs["x"], obs["id"]):
         leaf += 1  # the caller owns its arrays (Ray hands back read-only ones)
+
+
+def test_envs_get_the_python_scalars_of_a_list_batch(closing):
+    # As under SyncVectorEnv (and ShmVecEnv): an env of a list batch gets a
+    # Python int, of an array batch a numpy scalar of the array's dtype.
+    make = functools.partial(ActionTypeEnv, spaces.Discrete(3))
+    envs, ref = RayVecEnv([make] * 5, 2, **FAST), SyncVectorEnv([make] * 5)
+    closing(envs), closing(ref)
+    assert_same(envs.reset(seed=0), ref.reset(seed=0), "reset")
+    for batch in ([0, 1, 2, 0, 1], np.array([2, 1, 0, 2, 1], np.int32), (1, 1, 0, 0, 2)):
+        assert_same(envs.step(batch), ref.step(batch), repr(batch))
 
 
 def test_actor_workers_come_from_ray_cpu_grant(closing):

@@ -184,6 +184,19 @@ def test_step_outputs_have_dummy_types(closing):
     assert ended > 0
 
 
+def test_envs_get_the_actions_dummy_hands_them(closing):
+    # DummyVecEnv hands each env its item of the caller's batch: a Python
+    # int of a list, a numpy scalar of an array.
+    from test_equivalence import ActionTypeEnv
+
+    make_env = functools.partial(ActionTypeEnv, spaces.Discrete(3))
+    venv, ref = closing(make("shmvec", [make_env] * N)), closing(make("dummy", [make_env] * N))
+    venv.reset(), ref.reset()
+    for actions in ([k % 3 for k in range(N)], np.arange(N, dtype=np.int32) % 3):
+        seen = [info["seen"] for info in venv.step(actions)[-1]]
+        assert seen == [info["seen"] for info in ref.step(actions)[-1]], repr(actions)
+
+
 @pytest.mark.parametrize("kind", ["dummy", "shmvec"])
 def test_observations_are_fresh_arrays(kind, closing):
     venv = closing(make(kind, [spaces_env("dict", terminate_prob=0.5)] * N))

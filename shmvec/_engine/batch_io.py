@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from shmvec._engine.layout import action_dtype_code, flattener, is_single_fixed_leaf, unflattener
+from shmvec._engine.layout import ACTION_AS_PYTHON, action_dtype_code, flattener, is_single_fixed_leaf, unflattener
 
 if TYPE_CHECKING:
     from shmvec._engine.engine import Engine
 
-__all__ = ["BatchIO", "action_leaves", "checked_leaf_batch", "checked_object_batch"]
+__all__ = ["BatchIO", "action_leaves", "checked_leaf_batch", "checked_object_batch", "python_scalars"]
 
 
 # -- actions ------------------------------------------------------------------
@@ -49,6 +49,15 @@ def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what
             f"{dtype} (only casts within the same kind are allowed)"
         )
     return array
+
+
+def python_scalars(value: Any) -> bool:
+    """Whether a batch is a list or tuple of Python ints, floats or bools,
+    all of one type (which np.asarray stores as int64, float64 or bool)."""
+    if type(value) not in (list, tuple) or not value:
+        return False
+    kind = type(value[0])
+    return kind in (int, float, bool) and all(type(v) is kind for v in value)
 
 
 def checked_object_batch(value: Any, count: int, what: str) -> list:
@@ -160,6 +169,8 @@ class BatchIO:
                 code = self._action_space_codes[k]
             self._last_dtype[k], self._last_code[k] = dtype, code
         self._action_dtype_views[k][code][...] = array  # the same dtype, or a cast checked above
+        if array is not value and array.ndim == 1 and python_scalars(value):
+            code |= ACTION_AS_PYTHON
         codes[k] = code
 
     # -- observations out -----------------------------------------------------

@@ -12,7 +12,7 @@ import numpy as np
 from shmvec import _core
 from shmvec._gym_compat import set_wrapper_attr
 from shmvec._engine.info_columns import INFO_STORAGE
-from shmvec._engine.layout import DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback
+from shmvec._engine.layout import ACTION_AS_PYTHON, DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback
 
 __all__ = ["EnvSlice", "AUTORESET_CODES"]
 
@@ -34,9 +34,11 @@ def _action_builder(action_space, action_views, action_codes):
             if views is None:
                 values.append(next(extra))
                 continue
-            view = views[code]
+            view = views[code & ~ACTION_AS_PYTHON]
             if view.ndim > 1:
                 values.append(view[row].copy())  # the arena row is overwritten next step
+            elif code & ACTION_AS_PYTHON:
+                values.append(view[row].item())
             else:
                 values.append(view[row])
         return unflatten(values)

@@ -36,6 +36,10 @@ ACTION_DTYPES = tuple(np.dtype(d) for d in (
 ACTION_DTYPE_CODES = {d: code for code, d in enumerate(ACTION_DTYPES)}
 ACTION_DTYPES_EXTRA = len(ACTION_DTYPES)
 ACTION_ITEMSIZE = max(d.itemsize for d in ACTION_DTYPES)
+# Set on a code when the caller passed a list (or tuple) of Python ints,
+# floats or bools of one type: SyncVectorEnv iterates over the list, so each
+# env gets a Python scalar, which the stepper makes with the element's item().
+ACTION_AS_PYTHON = 0x80
 
 
 def action_dtype_code(dtype: np.dtype) -> int | None:
