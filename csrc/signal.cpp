@@ -7,7 +7,7 @@ namespace shmvec {
 int64_t AdaptiveSpin::budget_ns(int64_t now_ns) {
   if (now_ns < backoff_until_ns_) return 0;
   if (mean_ns_ > static_cast<double>(max_ns_)) return min_ns_;
-  const int64_t want = static_cast<int64_t>(2.0 * mean_ns_) + min_ns_;
+  const int64_t want = std::max(static_cast<int64_t>(2.0 * mean_ns_) + min_ns_, kSleepCostNs);
   return std::clamp(want, min_ns_, max_ns_);
 }
 

@@ -165,15 +165,21 @@ void test_front_sees_dead_worker() {
 }
 
 void test_adaptive_spin() {
-  AdaptiveSpin spin(2'000, 50'000);
+  AdaptiveSpin spin(2'000, 200'000);
+  const int64_t floor = AdaptiveSpin::kSleepCostNs;
   int64_t t = 1'000'000'000;  // the time of each wait, in ns
   for (int i = 0; i < 50; ++i) spin.observe(10'000);
-  CHECK(spin.budget_ns(t) > 10'000 && spin.budget_ns(t) <= 50'000);  // spins past a 10 us peer
+  CHECK(spin.budget_ns(t) == floor);  // a 10 us peer: spin at least what a sleep costs
+  for (int i = 0; i < 50; ++i) spin.observe(80'000);
+  CHECK(spin.budget_ns(t) > 150'000 && spin.budget_ns(t) <= 200'000);  // past an 80 us peer, within the cap
   for (int i = 0; i < 50; ++i) spin.observe(5'000'000);
   CHECK(spin.budget_ns(t) == 2'000);  // a slow peer: sleep almost at once
   spin.observe(5'000'000);
   for (int i = 0; i < 30; ++i) spin.observe(1'000);
-  CHECK(spin.budget_ns(t) < 50'000);  // a few quick answers bring spinning back
+  CHECK(spin.budget_ns(t) == floor);  // a few quick answers bring spinning back
+  AdaptiveSpin small_cap(2'000, 50'000);
+  for (int i = 0; i < 50; ++i) small_cap.observe(10'000);
+  CHECK(small_cap.budget_ns(t) == 50'000);  // the cap bounds the floor too
   for (int i = 0; i < 50; ++i) spin.observe(10'000);
 
   // A spin lost its core: sleep at once for a window, then try spinning again.
