@@ -12,7 +12,9 @@ import numpy as np
 from shmvec import _core
 from shmvec._gym_compat import set_wrapper_attr
 from shmvec._engine.info_columns import INFO_STORAGE
-from shmvec._engine.layout import ACTION_AS_PYTHON, DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback
+from shmvec._engine.layout import (
+    ACTION_AS_PYTHON, DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback,
+)
 
 __all__ = ["EnvSlice", "AUTORESET_CODES"]
 
