@@ -74,6 +74,9 @@ py::tuple unpack(py::handle result, size_t n, py::ssize_t row, const char* metho
   throw py::error_already_set();
 }
 
+// A flag on an action code (ACTION_AS_PYTHON in shmvec._engine.layout).
+constexpr uint8_t kActionAsPython = 0x80;
+
 bool is_empty_dict(py::handle obj) { return PyDict_Check(obj.ptr()) && PyDict_GET_SIZE(obj.ptr()) == 0; }
 
 }  // namespace
@@ -200,11 +203,11 @@ py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
   if (!action_is_single_leaf_) return action_builder_(row, objects);
   // The batch is stored in the dtype the caller passed it in (the front end
   // wrote the code with the actions, before posting the step).
-  // The high bit (ACTION_AS_PYTHON in shmvec._engine.layout): the caller
-  // passed Python scalars, which the env gets as SyncVectorEnv hands them on.
+  // kActionAsPython set: the caller passed Python scalars, which the env
+  // gets as SyncVectorEnv hands them on.
   const std::vector<ArrayLeaf>& views = action_leaves_[0];
-  const uint8_t code = action_codes_[0] & 0x7f;
-  const bool as_python = action_codes_[0] & 0x80;
+  const uint8_t code = action_codes_[0] & ~kActionAsPython;
+  const bool as_python = action_codes_[0] & kActionAsPython;
   if (code >= views.size()) throw std::runtime_error("bad action dtype code in the arena");
   PyObject* item = PySequence_GetItem(views[code].batch.ptr(), row);
   if (!item) throw py::error_already_set();

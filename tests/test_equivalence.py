@@ -424,6 +424,15 @@ def _batch_of(space, dtypes, n, rng):
     return rng.random(shape).astype(dtypes[0])
 
 
+def _action_type_pair(space, num_workers, caller_steps, closing):
+    """A ShmVecEnv and a SyncVectorEnv of 4 ActionTypeEnvs, reset alike."""
+    envs, ref = pair(functools.partial(ActionTypeEnv, space), 4, num_workers=num_workers,
+                     caller_steps=caller_steps, start_method="fork")
+    closing(envs), closing(ref)
+    assert_same(envs.reset(seed=0), ref.reset(seed=0), "reset")
+    return envs, ref
+
+
 @pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (2, False)])
 @pytest.mark.parametrize("case", sorted(ACTION_DTYPE_CASES))
 def test_env_sees_action_dtype_of_the_batch(case, num_workers, caller_steps, closing):
@@ -431,10 +440,7 @@ def test_env_sees_action_dtype_of_the_batch(case, num_workers, caller_steps, clo
     passed: a float64 batch for a float32 Box gives np.float64 actions (so
     ``time.sleep(action)`` works), an int32 batch for a Discrete np.int32."""
     space, dtypes = ACTION_DTYPE_CASES[case]
-    envs, ref = pair(functools.partial(ActionTypeEnv, space), 4, num_workers=num_workers,
-                     caller_steps=caller_steps, start_method="fork")
-    closing(envs), closing(ref)
-    assert_same(envs.reset(seed=0), ref.reset(seed=0), "reset")
+    envs, ref = _action_type_pair(space, num_workers, caller_steps, closing)
     rng = np.random.default_rng(0)
     for t, d in enumerate(dtypes):
         actions = _batch_of(space, d if isinstance(d, tuple) else (d,), 4, rng)
@@ -462,10 +468,7 @@ def test_env_sees_the_python_scalars_of_a_list_batch(case, num_workers, caller_s
     list (or tuple) of Python ints, floats or bools gets a Python int, float
     or bool, not a numpy scalar (an env may json.dumps its action)."""
     space, batch = LIST_ACTION_CASES[case]
-    envs, ref = pair(functools.partial(ActionTypeEnv, space), 4, num_workers=num_workers,
-                     caller_steps=caller_steps, start_method="fork")
-    closing(envs), closing(ref)
-    assert_same(envs.reset(seed=0), ref.reset(seed=0), "reset")
+    envs, ref = _action_type_pair(space, num_workers, caller_steps, closing)
     rng = np.random.default_rng(0)
     for t in range(3):  # a list between array batches: the arrays' types come back
         out, expected = envs.step(batch(4)), ref.step(batch(4))
