@@ -93,7 +93,7 @@ Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
       step_name_("step"),
       reset_name_("reset"),
       copy_name_("copy"),
-      item_name_("item"),
+      tolist_name_("tolist"),
       restarted_key_("shmvec_restarted") {
   for (py::handle env : envs) envs_.push_back(py::reinterpret_borrow<py::object>(env));
   needs_reset_.assign(envs_.size(), 0);
@@ -203,8 +203,8 @@ py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
   if (!action_is_single_leaf_) return action_builder_(row, objects);
   // The batch is stored in the dtype the caller passed it in (the front end
   // wrote the code with the actions, before posting the step).
-  // kActionAsPython set: the caller passed Python scalars, which the env
-  // gets as SyncVectorEnv hands them on.
+  // kActionAsPython set: the caller passed Python scalars (or lists of them),
+  // which the env gets as SyncVectorEnv hands them on: the row's tolist().
   const std::vector<ArrayLeaf>& views = action_leaves_[0];
   const uint8_t code = action_codes_[0] & ~kActionAsPython;
   const bool as_python = action_codes_[0] & kActionAsPython;
@@ -212,10 +212,10 @@ py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
   PyObject* item = PySequence_GetItem(views[code].batch.ptr(), row);
   if (!item) throw py::error_already_set();
   auto action = py::reinterpret_steal<py::object>(item);
+  if (as_python) return action.attr(tolist_name_)();
   // A row of a multi-dimensional leaf is a view into the arena, which the
   // next step overwrites: hand the env its own copy.
   if (action_leaf_is_row_) return action.attr(copy_name_)();
-  if (as_python) return action.attr(item_name_)();
   return action;
 }
 

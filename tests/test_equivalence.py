@@ -396,6 +396,8 @@ def _seen_types(action):
         return {k: _seen_types(v) for k, v in action.items()}
     if isinstance(action, tuple):
         return tuple(_seen_types(v) for v in action)
+    if isinstance(action, list):  # (a list of Python scalars per env: their types too)
+        return ["builtins.list", *map(_seen_types, action)]
     kind = type(action)  # numpy's bool is named "bool" too: the module tells them apart
     return f"{kind.__module__}.{kind.__qualname__}", str(np.asarray(action).dtype)
 
@@ -453,8 +455,15 @@ LIST_ACTION_CASES = {
     "discrete-tuple": (spaces.Discrete(3), lambda n: tuple((k + 1) % 3 for k in range(n))),
     "discrete-bools": (spaces.Discrete(2), lambda n: [k % 2 == 0 for k in range(n)]),
     "box0-floats": (spaces.Box(0, 1, (), F32), lambda n: [k / n for k in range(n)]),
+    # One list per env: each env gets its list (Python scalars inside).
+    "box2-lists": (spaces.Box(0, 1, (2,), F32), lambda n: [[k / n, 0.1] for k in range(n)]),
+    "box22-lists": (spaces.Box(0, 1, (2, 2), F32), lambda n: [[[k / n, 0.1], [0.2, 0.3]] for k in range(n)]),
+    "multidiscrete-tuple-of-lists": (spaces.MultiDiscrete([3, 3]), lambda n: tuple([k % 3, 1] for k in range(n))),
+    "multibinary-lists": (spaces.MultiBinary(2), lambda n: [[k % 2 == 0, True] for k in range(n)]),
     "dict-leaf-list": (spaces.Dict({"a": spaces.Box(0, 1, (2,), F32), "b": spaces.Discrete(3)}),
                        lambda n: {"a": np.full((n, 2), 0.5, F32), "b": [k % 3 for k in range(n)]}),
+    "dict-leaf-lists": (spaces.Dict({"a": spaces.Box(0, 1, (2,), F32), "b": spaces.Discrete(3)}),
+                        lambda n: {"a": [[0.5, k / n] for k in range(n)], "b": np.arange(n) % 3}),
     # Not all Python scalars of one type: each env gets a numpy scalar of the
     # batch (SyncVectorEnv hands on the list's items as they are).
     "discrete-numpy-items": (spaces.Discrete(3), lambda n: [np.int64(k % 3) for k in range(n)]),
@@ -466,7 +475,8 @@ LIST_ACTION_CASES = {
 def test_env_sees_the_python_scalars_of_a_list_batch(case, num_workers, caller_steps, closing):
     """As SyncVectorEnv, which iterates over the caller's list, each env of a
     list (or tuple) of Python ints, floats or bools gets a Python int, float
-    or bool, not a numpy scalar (an env may json.dumps its action)."""
+    or bool, not a numpy scalar (an env may json.dumps its action); of a list
+    of lists, its own list."""
     space, batch = LIST_ACTION_CASES[case]
     envs, ref = _action_type_pair(space, num_workers, caller_steps, closing)
     rng = np.random.default_rng(0)

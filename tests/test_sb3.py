@@ -184,15 +184,19 @@ def test_step_outputs_have_dummy_types(closing):
     assert ended > 0
 
 
-def test_envs_get_the_actions_dummy_hands_them(closing):
+@pytest.mark.parametrize("space, batches", [
+    (spaces.Discrete(3), ([k % 3 for k in range(N)], np.arange(N, dtype=np.int32) % 3)),
+    (spaces.Box(0, 1, (2,), np.float32), ([[k / N, 0.5] for k in range(N)], np.full((N, 2), 0.25))),
+], ids=["discrete", "box"])
+def test_envs_get_the_actions_dummy_hands_them(space, batches, closing):
     # DummyVecEnv hands each env its item of the caller's batch: a Python
-    # int of a list, a numpy scalar of an array.
+    # int (or list) of a list, a numpy scalar (or array) of an array.
     from test_equivalence import ActionTypeEnv
 
-    make_env = functools.partial(ActionTypeEnv, spaces.Discrete(3))
+    make_env = functools.partial(ActionTypeEnv, space)
     venv, ref = closing(make("shmvec", [make_env] * N)), closing(make("dummy", [make_env] * N))
     venv.reset(), ref.reset()
-    for actions in ([k % 3 for k in range(N)], np.arange(N, dtype=np.int32) % 3):
+    for actions in batches:
         seen = [info["seen"] for info in venv.step(actions)[-1]]
         assert seen == [info["seen"] for info in ref.step(actions)[-1]], repr(actions)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from copy import deepcopy
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from shmvec._engine.layout import ACTION_AS_PYTHON, action_dtype_code, flattener
 if TYPE_CHECKING:
     from shmvec._engine.engine import Engine
 
-__all__ = ["BatchIO", "action_leaves", "checked_leaf_batch", "checked_object_batch", "python_scalars"]
+__all__ = ["BatchIO", "action_leaves", "checked_leaf_batch", "checked_object_batch", "python_values"]
 
 
 # -- actions ------------------------------------------------------------------
@@ -51,13 +52,23 @@ def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what
     return array
 
 
-def python_scalars(value: Any) -> bool:
-    """Whether a batch is a list or tuple of Python ints, floats or bools,
-    all of one type (which np.asarray stores as int64, float64 or bool)."""
+def python_values(value: Any, ndim: int) -> bool:
+    """Whether a batch of `ndim` dimensions is a list or tuple of Python
+    ints, floats or bools of one type (`ndim` 1), or of lists of them, nested
+    `ndim` - 1 deep. np.asarray stores them as int64, float64 or bool, so
+    each row's ``tolist()`` is the item that SyncVectorEnv, iterating over
+    the batch, hands its env."""
     if type(value) not in (list, tuple) or not value:
         return False
-    kind = type(value[0])
-    return kind in (int, float, bool) and all(type(v) is kind for v in value)
+    items = value
+    for _ in range(ndim - 1):
+        if not all(type(v) is list for v in items):
+            return False  # (tuples, arrays: tolist() would not give them back)
+        items = list(chain.from_iterable(items))
+    if not items:
+        return True
+    kind = type(items[0])
+    return kind in (int, float, bool) and all(type(v) is kind for v in items)
 
 
 def checked_object_batch(value: Any, count: int, what: str) -> list:
@@ -169,7 +180,7 @@ class BatchIO:
                 code = self._action_space_codes[k]
             self._last_dtype[k], self._last_code[k] = dtype, code
         self._action_dtype_views[k][code][...] = array  # the same dtype, or a cast checked above
-        if array is not value and array.ndim == 1 and python_scalars(value):
+        if array is not value and python_values(value, array.ndim):
             code |= ACTION_AS_PYTHON
         codes[k] = code
 

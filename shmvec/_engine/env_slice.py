@@ -37,10 +37,10 @@ def _action_builder(action_space, action_views, action_codes):
                 values.append(next(extra))
                 continue
             view = views[code & ~ACTION_AS_PYTHON]
-            if view.ndim > 1:
+            if code & ACTION_AS_PYTHON:
+                values.append(view[row].tolist())
+            elif view.ndim > 1:
                 values.append(view[row].copy())  # the arena row is overwritten next step
-            elif code & ACTION_AS_PYTHON:
-                values.append(view[row].item())
             else:
                 values.append(view[row])
         return unflatten(values)

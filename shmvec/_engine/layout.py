@@ -37,8 +37,9 @@ ACTION_DTYPE_CODES = {d: code for code, d in enumerate(ACTION_DTYPES)}
 ACTION_DTYPES_EXTRA = len(ACTION_DTYPES)
 ACTION_ITEMSIZE = max(d.itemsize for d in ACTION_DTYPES)
 # Set on a code when the caller passed a list (or tuple) of Python ints,
-# floats or bools of one type: SyncVectorEnv iterates over the list, so each
-# env gets a Python scalar, which the stepper makes with the element's item().
+# floats or bools of one type, or of lists of them: SyncVectorEnv iterates
+# over the batch, so each env gets a Python scalar or list, which the stepper
+# makes with its row's tolist().
 ACTION_AS_PYTHON = 0x80
 
 

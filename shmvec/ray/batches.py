@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from shmvec._engine.batch_io import action_leaves, checked_leaf_batch, checked_object_batch, python_scalars
+from shmvec._engine.batch_io import action_leaves, checked_leaf_batch, checked_object_batch, python_values
 from shmvec._engine.layout import flattener, is_single_fixed_leaf, leaves_of, unflattener
 
 __all__ = ["LeafBatches", "owned"]
@@ -46,9 +46,9 @@ class LeafBatches:
         for leaf, name, value in zip(self.leaves, self._names, action_leaves(self.flatten, actions)):
             if leaf.fixed:
                 checked = checked_leaf_batch(value, (count, *leaf.shape), leaf.dtype, name)
-                # A list of Python scalars travels as one, so that the actor's
-                # envs get Python scalars too (see ACTION_AS_PYTHON).
-                out.append(list(value) if checked.ndim == 1 and python_scalars(value) else checked)
+                # A list of Python scalars (or of lists of them) travels as
+                # one, so that the actor's envs get them too (see ACTION_AS_PYTHON).
+                out.append(list(value) if python_values(value, checked.ndim) else checked)
             else:
                 out.append(tuple(checked_object_batch(value, count, name)))
         return out
