@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 
 from helpers import skip_unless_gymnasium_1
@@ -31,7 +32,7 @@ from shmvec.testing import SpacesEnv, StragglerEnv
 
 ray = pytest.importorskip("ray")
 
-from shmvec.ray import RayVecEnv
+from shmvec.ray import RayVecEnv, actor_calls
 
 TESTS = pathlib.Path(__file__).resolve().parent
 
@@ -198,6 +199,23 @@ def test_async_misuse_is_an_error(closing):
     # (an actor's step may come before the other actor's reset): each once.
     rest = envs.recv()[4]["env_id"].tolist() + envs.recv()[4]["env_id"].tolist()
     assert sorted(rest) == sorted([e for e in range(4) if e not in ids] + ids.tolist())
+
+
+def test_actors_waiting_for_cluster_resources_are_named(closing, monkeypatch):
+    # Ray queues an actor without a word until the cluster has its CPUs: a
+    # RayVecEnv whose actors wait says so (once), and starts when they free up.
+    holder = RayVecEnv([cartpole] * 2, 2, **FAST)  # both of the test cluster's CPUs
+    closing(holder)
+    monkeypatch.setattr(actor_calls, "STARTUP_NOTICE_S", 0.5)
+    release = threading.Timer(2.0, holder.close)
+    release.start()
+    try:
+        with pytest.warns(RuntimeWarning, match=r"2 of 2 actors .* each asks for \{'CPU': 1\}, .* \{'CPU': 0(\.0)?\} free"):
+            envs = RayVecEnv([cartpole] * 2, 2, **FAST)
+    finally:
+        release.join()
+    closing(envs)
+    assert envs.reset(seed=0)[0].shape == (2, 4)
 
 
 def test_construction_errors():

@@ -6,6 +6,7 @@ env's one restart budget."""
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ __all__ = ["ActorCalls"]
 _ACTOR_UNAVAILABLE = getattr(ray.exceptions, "ActorUnavailableError", ())
 # How long Ray may take to restart a dead actor.
 REVIVE_TIMEOUT_S = 60.0
+# Ray queues an actor, without a word, until the cluster has the resources it
+# asks for: after this long, RayVecEnv says which actors wait and what for.
+STARTUP_NOTICE_S = 30.0
 
 
 class ActorCalls:
@@ -43,6 +47,8 @@ class ActorCalls:
                        actor_options: dict[str, Any] | None) -> None:
         """Creates the actors (their envs start with ``start``, in _gather)."""
         options = {"num_cpus": 1, **(actor_options or {})}
+        self._actor_ask = {"CPU": options["num_cpus"], "GPU": options.get("num_gpus", 0),
+                           **options.get("resources", {})}
         self._restart = bool(shmvec_kwargs.get("restart_failed_workers", False))
         self.max_restarts = int(shmvec_kwargs.get("max_restarts", 10))  # ShmVecEnv's default
         self._budget = RestartBudget(self.max_restarts, len(self.slices))
@@ -59,6 +65,24 @@ class ActorCalls:
     def restarts(self) -> int:
         """Actors and workers restarted so far, counted against max_restarts."""
         return self._budget.used
+
+    def _start_actors(self) -> list:
+        """Starts every actor's envs and returns their descriptions; if they
+        are not all up within STARTUP_NOTICE_S, a RuntimeWarning says how many
+        wait, what each asks for and what the cluster has free."""
+        refs = [actor.start.remote(*args) for actor, args in zip(self._actors, self._start_args)]
+        _, waiting = ray.wait(refs, num_returns=len(refs), timeout=STARTUP_NOTICE_S)
+        if waiting:
+            ask = {k: v for k, v in self._actor_ask.items() if v}
+            free = {k: ray.available_resources().get(k, 0) for k in ask}
+            total = {k: ray.cluster_resources().get(k, 0) for k in ask}
+            warnings.warn(
+                f"RayVecEnv: {len(waiting)} of {len(refs)} actors have not started their envs after "
+                f"{STARTUP_NOTICE_S:g} s; each asks for {ask}, and the cluster has {free} free of {total}. "
+                "Ray starts an actor once the resources it asks for are free: close the vector envs or actors "
+                "that hold them, ask for less with actor_options, or let an autoscaler add nodes (a slow env "
+                "factory takes this long too). Still waiting; Ctrl-C stops.", RuntimeWarning, stacklevel=3)
+        return self._get(refs, range(len(refs)))
 
     def _gather(self, call: Callable[[int, Any], ray.ObjectRef], actors: Sequence[int] | None = None) -> list:
         """Makes `call` on every actor (or those listed) at once and gathers

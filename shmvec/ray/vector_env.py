@@ -118,7 +118,7 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         self._create_actors(env_fns, async_mode, shmvec_kwargs, actor_options)
         self.closed = False
         try:
-            descriptions = self._gather(lambda k, a: a.start.remote(*self._start_args[k]))
+            descriptions = self._start_actors()
         except BaseException:
             self.close(terminate=True)
             raise
