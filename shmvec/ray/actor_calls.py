@@ -45,7 +45,7 @@ class ActorCalls:
 
     def _create_actors(self, env_fns: list, async_mode: bool, shmvec_kwargs: dict[str, Any],
                        actor_options: dict[str, Any] | None) -> None:
-        """Creates the actors (their envs start with ``start``, in _gather)."""
+        """Creates the actors (their envs start in _start_actors)."""
         options = {"num_cpus": 1, **(actor_options or {})}
         self._actor_ask = {"CPU": options["num_cpus"], "GPU": options.get("num_gpus", 0),
                            **options.get("resources", {})}
@@ -74,8 +74,9 @@ class ActorCalls:
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=STARTUP_NOTICE_S)
         if waiting:
             ask = {k: v for k, v in self._actor_ask.items() if v}
-            free = {k: ray.available_resources().get(k, 0) for k in ask}
-            total = {k: ray.cluster_resources().get(k, 0) for k in ask}
+            available, cluster = ray.available_resources(), ray.cluster_resources()
+            free = {k: available.get(k, 0) for k in ask}
+            total = {k: cluster.get(k, 0) for k in ask}
             warnings.warn(
                 f"RayVecEnv: {len(waiting)} of {len(refs)} actors have not started their envs after "
                 f"{STARTUP_NOTICE_S:g} s; each asks for {ask}, and the cluster has {free} free of {total}. "
