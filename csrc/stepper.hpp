@@ -34,7 +34,7 @@ class Stepper {
   // action leaf is a list of arrays instead, views of the same bytes in
   // each dtype the batch may be stored in; action_codes (uint8, one per
   // action leaf) says which one holds the current batch, and its high bit
-  // that each env gets its element as a Python scalar (item()).
+  // that each env gets its element as Python values (tolist()).
   // action_builder(row, objects) builds a structured action; None when the
   // action space is one fixed leaf. obs_flattener(obs) lists an observation's
   // leaves; None when the observation space is one fixed leaf.
