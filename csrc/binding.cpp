@@ -132,12 +132,15 @@ class PyFrontChannel {
   uint64_t sent_count() const { return channel_.sent_count(); }
   uint32_t finished_ready() const { return channel_.finished_ready(); }
   // Waits until `count` envs have finished, then pops them in finishing
-  // order. Returns (status, rows): rows only when status is 0; nothing is
-  // popped otherwise, so an interrupted recv loses no env.
-  py::tuple recv(uint32_t count, const std::vector<int>& sentinels, double timeout_s) {
+  // order onto the end of `into`. Returns the status: rows only when it is
+  // 0; nothing is popped otherwise, so an interrupted wait loses no env. No
+  // Python code runs between the pop and the append, so no Ctrl-C can land
+  // between them either.
+  int recv(uint32_t count, const std::vector<int>& sentinels, double timeout_s, py::list into) {
     const int status = wait_finished(count, sentinels, timeout_s);
-    if (status != kReady) return py::make_tuple(status, py::none());
-    return py::make_tuple(status, channel_.pop_finished(count));
+    if (status != kReady) return status;
+    for (uint32_t row : channel_.pop_finished(count)) into.append(row);
+    return status;
   }
   // Waits as recv() does, popping nothing: a WaitStatus. Only reads the
   // rings, so another thread may send() meanwhile (a Ray actor does).
@@ -341,6 +344,25 @@ PYBIND11_MODULE(_core, m) {
     for (Mapping* m : all_mappings()) m->unmap();
   }, "Unmaps every arena mapping of this process for good (the objects stay, empty): for a "
      "worker made by fork, whose inherited mappings are its parent's, before it maps its own.");
+  m.def("run_holding_interrupt", [](const py::function& fn) {
+    // A Ctrl-C that came before is raised here, fn not called; one during fn
+    // waits for it to return (a second stops it: see platform::hold_interrupt).
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    platform::hold_interrupt();
+    bool released = false;
+    struct ReleaseOnThrow {
+      bool& released;
+      ~ReleaseOnThrow() {
+        if (!released) platform::release_interrupt();
+      }
+    } release_on_throw{released};
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // came as the hold began
+    fn();
+    released = true;
+    if (platform::release_interrupt() && PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }, py::arg("fn"),
+     "Calls fn() with Ctrl-C held: a KeyboardInterrupt that would cut an env's step in two is "
+     "raised once fn returns; a second Ctrl-C interrupts fn at once.");
   m.def("async_region_size", &AsyncRegion::size, py::arg("num_envs"), py::arg("num_workers"),
         py::arg("record_capacity"));
 
@@ -371,8 +393,8 @@ PYBIND11_MODULE(_core, m) {
       .def("send", &PyFrontChannel::send, py::arg("rows"))
       .def_property_readonly("finished_ready", &PyFrontChannel::finished_ready)
       .def_property_readonly("sent_count", &PyFrontChannel::sent_count)
-      .def("recv", &PyFrontChannel::recv, py::arg("count"), py::arg("sentinels"),
-           py::arg("timeout") = -1.0)
+      .def("recv", &PyFrontChannel::recv, py::arg("count"), py::arg("sentinels"), py::arg("timeout"),
+           py::arg("into"))
       .def("wait_finished", &PyFrontChannel::wait_finished, py::arg("count"), py::arg("sentinels"),
            py::arg("timeout") = -1.0)
       .def("async_progress", &PyFrontChannel::async_progress)

@@ -43,6 +43,19 @@ void yield_cpu();
 // takes from a virtual CPU does not count: the guest switched nothing.
 int64_t involuntary_switches();
 
+// Ctrl-C held while the caller steps its own envs: a KeyboardInterrupt in
+// the middle of an env's step would leave that env, and the batch, half done.
+// While a hold is on, the first SIGINT is kept (with a line on stderr if the
+// hold had already lasted kHoldNoticeNs: an env may hang) and a second one
+// is delivered at once, as an escape. release_interrupt() ends the hold and
+// delivers a kept SIGINT; it returns whether it did. Holds nest and may be
+// taken by several threads. Only a SIGINT handler that is a function (not
+// SIG_DFL or SIG_IGN) is held: hold_interrupt() wraps the current one if a
+// later signal.signal() replaced the wrapper.
+constexpr int64_t kHoldNoticeNs = 500'000'000;
+void hold_interrupt();
+bool release_interrupt();
+
 // Monotonic clock in nanoseconds.
 int64_t now_ns();
 

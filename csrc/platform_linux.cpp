@@ -6,6 +6,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -102,6 +103,75 @@ int64_t now_ns() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// -- Ctrl-C held while the caller steps its own envs ----------------------------
+
+namespace {
+
+std::atomic<int> g_holds{0};
+// 0: no SIGINT since the hold began; 1: one came and is kept for release;
+// 2: a second came, so every SIGINT goes through until the hold ends.
+std::atomic<int> g_kept{0};
+std::atomic<int64_t> g_hold_since{0};
+// The handler ours stands in front of (Python's). Written only while ours is
+// not installed.
+struct sigaction g_wrapped;
+
+void on_sigint(int sig, siginfo_t* info, void* context) {
+  if (g_holds.load() > 0) {
+    int none = 0;
+    if (g_kept.compare_exchange_strong(none, 1)) {
+      if (now_ns() - g_hold_since.load() >= kHoldNoticeNs) {
+        static const char notice[] =
+            "\nshmvec: Ctrl-C: the envs this process steps itself finish their step first; "
+            "press Ctrl-C again to stop them now (their batch is then half done)\n";
+        ssize_t written = write(STDERR_FILENO, notice, sizeof notice - 1);
+        (void)written;  // nothing to do about a closed stderr in a signal handler
+      }
+      return;
+    }
+    g_kept.store(2);
+  }
+  if (g_wrapped.sa_flags & SA_SIGINFO)
+    g_wrapped.sa_sigaction(sig, info, context);
+  else
+    g_wrapped.sa_handler(sig);
+}
+
+// Puts on_sigint in front of SIGINT's handler, unless it is there already or
+// the handler is SIG_DFL or SIG_IGN (nothing to hold).
+void wrap_sigint() {
+  struct sigaction current;
+  if (sigaction(SIGINT, nullptr, &current) != 0) return;
+  if (current.sa_flags & SA_SIGINFO) {
+    if (current.sa_sigaction == on_sigint) return;
+  } else if (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN) {
+    return;
+  }
+  g_wrapped = current;
+  struct sigaction ours = current;
+  ours.sa_flags |= SA_SIGINFO;
+  ours.sa_sigaction = on_sigint;
+  sigaction(SIGINT, &ours, nullptr);
+}
+
+}  // namespace
+
+void hold_interrupt() {
+  if (g_holds.fetch_add(1) == 0) {
+    g_hold_since.store(now_ns());
+    // Checked at every hold, not once: signal.signal() installs Python's
+    // handler again, in place of ours.
+    wrap_sigint();
+  }
+}
+
+bool release_interrupt() {
+  if (g_holds.fetch_sub(1) != 1) return false;  // an outer hold goes on
+  if (g_kept.exchange(0) != 1) return false;
+  raise(SIGINT);  // through whatever handler is installed now
+  return true;
 }
 
 }  // namespace shmvec::platform

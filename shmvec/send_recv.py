@@ -41,11 +41,16 @@ class SendRecv:
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         self._finish_interrupted_reset()
         steps = self._engine.async_steps
-        self._in_flight[self._finished] = False  # landed already: their results are dropped
-        self._finished.clear()
-        while self._in_flight.any():  # let them land, then drop their results
-            finished = steps.recv(int(self._in_flight.sum()), discard=True)
-            self._in_flight[finished or self._engine.restarted_rows] = False  # a restart lost its own
+        # Let every env in flight land, then drop its results. Landed envs
+        # are kept in _finished until marked, so that a Ctrl-C anywhere here
+        # leaves none in flight that no worker will return.
+        while True:
+            self._in_flight[self._finished] = False
+            self._finished.clear()
+            if not self._in_flight.any():
+                break
+            steps.recv(int(self._in_flight.sum()), self._finished, discard=True)
+            self._in_flight[self._engine.restarted_rows] = False  # a restart lost its own
         self._reset_ready.clear()  # an earlier reset's results: not to be handed out if this one is cut short
         self._reset_records.clear()
         self._reset_received(self._engine.reset(seeds, options, None))
@@ -108,11 +113,9 @@ class SendRecv:
         stepped = self.batch_size - resets
         steps = self._engine.async_steps
         while len(self._finished) < stepped:
-            finished = steps.recv(stepped - len(self._finished))
+            steps.recv(stepped - len(self._finished), self._finished)
             if self._engine.restarted_rows:
                 self._send_again(self._engine.restarted_rows)
-                continue
-            self._finished += finished
         reset_rows, step_rows = self._reset_ready[:resets], self._finished[:stepped]
         records = [self._reset_records[r] for r in reset_rows if r in self._reset_records]
         if step_rows:

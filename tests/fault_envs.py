@@ -8,10 +8,13 @@ children inherit)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -97,6 +100,27 @@ def actions_for(num_envs: int, row: int | None = None, action: int = OK) -> np.n
     if row is not None:
         a[row] = action
     return a
+
+
+def ctrl_c() -> None:
+    """SIGINT to this process, as a terminal's Ctrl-C (workers ignore it)."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+@contextlib.contextmanager
+def later(*events: tuple[float, Callable[[], Any]]):
+    """Runs each (delay, fn) that many seconds after entering, on timers; on
+    exit, those not yet run never run (a test that fails early must not be
+    hit by a Ctrl-C meant for later)."""
+    timers = [threading.Timer(delay, fn) for delay, fn in events]
+    for timer in timers:
+        timer.start()
+    try:
+        yield
+    finally:
+        for timer in timers:
+            timer.cancel()
+            timer.join()
 
 
 class ContractEnv(gym.Env):

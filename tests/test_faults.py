@@ -31,10 +31,12 @@ from fault_envs import (
     arena_mappings,
     children,
     cmdline,
+    ctrl_c,
     descendants,
     dev_shm,
     failing_factory,
     is_mp_helper,
+    later,
     open_fds,
     running,
     wait_gone,
@@ -539,35 +541,55 @@ def test_sigint_then_close_does_not_hang(tmp_path, closing):
     assert wait_gone(pids) == []
 
 
-def test_sigint_during_the_callers_own_slice(tmp_path, closing):
-    """Ctrl-C while the caller steps its own envs: the batch is half done, so
-    the next step must not silently return it as if nothing happened."""
+@pytest.mark.parametrize("num_workers", [1, 0], ids=["caller+1worker", "caller only"])
+def test_ctrl_c_during_the_callers_own_slice_waits_for_it(num_workers, tmp_path, closing, capfd):
+    """Ctrl-C while the caller steps its own envs lands once they are done:
+    no env is cut off mid-step, and the step stays pending with every env's
+    results, as after a Ctrl-C in the wait."""
     gate = tmp_path / "gate"
-    envs = make_envs(num_workers=1, caller_steps=True, gate=str(gate))
+    envs = make_envs(num_workers=num_workers, caller_steps=True, gate=str(gate))
     closing(envs)
-    assert list(caller_rows(envs)) == [0, 1]
+    assert 0 in caller_rows(envs)
     envs.reset()
-    interrupter = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-    interrupter.start()
     start = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            envs.step(actions_for(4, 0, GATE))  # env 0 is stepped by the caller
-    finally:
-        interrupter.join()
+    with later((0.1, ctrl_c), (0.7, gate.touch)), pytest.raises(KeyboardInterrupt):
+        envs.step(actions_for(4, 0, GATE))  # env 0, the caller's, waits for the gate
+    assert time.monotonic() - start >= 0.65  # it waited for env 0
+    assert "Ctrl-C again" not in capfd.readouterr().err  # the step had not run long: no notice
+    with pytest.raises(AlreadyPendingCallError, match="pending call to `step`"):
+        envs.step(actions_for(4))
+    obs, rewards, *_ = envs.step_wait()
+    assert np.array_equal(obs, np.full((4, 2), 1, np.float32))  # each env stepped once
+    assert np.array_equal(rewards, np.ones(4))
+    assert np.array_equal(envs.step(actions_for(4))[0], np.full((4, 2), 2, np.float32))
+
+
+@pytest.mark.parametrize("num_workers", [1, 0], ids=["caller+1worker", "caller only"])
+def test_a_second_ctrl_c_stops_the_callers_own_slice(num_workers, tmp_path, closing, capfd):
+    """An env of the caller's that hangs: the first Ctrl-C says how to stop
+    it, the second stops it at once. The batch is then half done, so the
+    next step asks for a reset instead of returning it as if nothing
+    happened."""
+    gate = tmp_path / "gate"
+    envs = make_envs(num_workers=num_workers, caller_steps=True, gate=str(gate))
+    closing(envs)
+    envs.reset()
+    start = time.monotonic()
+    with later((0.7, ctrl_c), (1.0, ctrl_c)), pytest.raises(KeyboardInterrupt):
+        envs.step(actions_for(4, 0, GATE))  # env 0, the caller's, waits for a gate that stays shut
     assert time.monotonic() - start < 3
+    assert "press Ctrl-C again to stop them now" in capfd.readouterr().err
     gate.touch()
-    try:
-        obs = envs.step(actions_for(4))[0]
-    except RuntimeError as exc:  # acceptable: a reset is required, as after an env error
-        assert "reset" in str(exc)
-    else:
-        steps = obs[:, 0].tolist()
-        assert len(set(steps)) == 1, f"steps taken per env after the interrupted batch: {steps}"
+    with pytest.raises(RuntimeError, match="interrupted mid-batch; reset all envs"):
+        envs.step(actions_for(4))
     obs, _ = envs.reset()
     assert np.array_equal(obs, np.zeros((4, 2), np.float32))
     obs = envs.step(actions_for(4))[0]
     assert np.array_equal(obs, np.ones((4, 2), np.float32))
+    # The hold ended with the step: a Ctrl-C now is raised at once.
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c()
+        time.sleep(1)
 
 
 CTRL_C_SCRIPT = textwrap.dedent("""

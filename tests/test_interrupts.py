@@ -7,6 +7,7 @@ caller's own slice: tests/test_faults.py.)"""
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import subprocess
@@ -17,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from fault_envs import FaultEnv, actions_for, wait_gone, worker_pids
+from fault_envs import GATE, FaultEnv, actions_for, ctrl_c, later, wait_gone, worker_pids
 from gymnasium.error import AlreadyPendingCallError
 
 import shmvec
@@ -100,6 +101,20 @@ def test_sb3_front_end_goes_on_after_ctrl_c_in_a_step(then, closing):
         assert venv.get_attr("t") == [1, 1, 1, 1]
     assert _steps(venv.step(actions_for(4))[0]) == ([2] * 4 if then == "step_wait" else [3] * 4 if then == "step"
                                                     else [1] * 4 if then == "reset" else [2] * 4)
+
+
+def test_sb3_front_end_keeps_a_step_ctrl_c_cut_short_in_the_callers_own_slice(tmp_path, closing):
+    """A real Ctrl-C while the caller steps its own envs waits for them;
+    step_wait() then returns the whole step."""
+    gate = tmp_path / "gate"
+    venv = _sb3_vec_env([functools.partial(FaultEnv, gate=str(gate))] * 4, num_workers=1, caller_steps=True,
+                        start_method="fork")
+    closing(venv)
+    venv.reset()
+    with later((0.1, ctrl_c), (0.5, gate.touch)), pytest.raises(KeyboardInterrupt):
+        venv.step(actions_for(4, 0, GATE))  # env 0, the caller's, waits for the gate
+    assert _steps(venv.step_wait()[0]) == [1, 1, 1, 1]
+    assert _steps(venv.step(actions_for(4))[0]) == [2, 2, 2, 2]
 
 
 def test_sb3_front_end_goes_on_after_ctrl_c_in_a_reset(closing):
@@ -253,7 +268,7 @@ def _async_envs(closing, num_workers: int = 2):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("where", ["waiting", "after the envs came back"])
+@pytest.mark.parametrize("where", ["waiting", "as the engine took the envs", "after the envs came back"])
 def test_ctrl_c_in_recv_loses_no_env(num_workers, where, closing):
     """recv() gathers reset results and finished envs: a Ctrl-C before it
     returns keeps them all for the next recv()."""
@@ -265,6 +280,8 @@ def test_ctrl_c_in_recv_loses_no_env(num_workers, where, closing):
     steps = envs._engine.async_steps
     if where == "waiting":
         _interrupt_next_call(steps, "recv")
+    elif where == "as the engine took the envs":
+        _interrupt_next_call(steps, "recv", after=True)
     else:
         _interrupt_next_call(steps, "records", after=True)
     with pytest.raises(KeyboardInterrupt):
@@ -354,9 +371,30 @@ def test_ctrl_c_in_send_steps_each_env_once(after, closing):
     assert len(set(again)) == 4 and _steps(obs) == [stepped[env] for env in again]
 
 
-def test_ctrl_c_in_the_callers_own_resets_asks_for_async_reset(closing):
-    """Without workers the caller resets every env itself: a Ctrl-C among
-    them leaves some reset and some not, and send()/recv() say so."""
+def test_ctrl_c_while_the_caller_steps_envs_in_recv_loses_none(tmp_path, closing):
+    """Without workers recv() steps the envs itself: a Ctrl-C meanwhile
+    lands once they are done, and the next recv() returns them."""
+    gate = tmp_path / "gate"
+    envs = shmvec.ShmVecEnv([functools.partial(FaultEnv, gate=str(gate))] * 6, batch_size=4, num_workers=0)
+    closing(envs)
+    envs.async_reset(seed=0)
+    envs.recv()
+    envs.send(actions_for(4, 0, GATE), [0, 1, 2, 3])  # env 0 waits for the gate
+    start = time.monotonic()
+    with later((0.1, ctrl_c), (0.6, gate.touch)), pytest.raises(KeyboardInterrupt):
+        envs.recv()  # the two reset envs, then 0 and 1 stepped
+    assert time.monotonic() - start >= 0.55  # it waited for env 0
+    obs, _, _, _, infos = envs.recv()
+    assert infos["env_id"].tolist() == [4, 5, 0, 1] and _steps(obs) == [0, 0, 1, 1]
+    envs.send(actions_for(4), [4, 5, 0, 1])
+    obs, _, _, _, infos = envs.recv()
+    assert infos["env_id"].tolist() == [2, 3, 4, 5] and _steps(obs) == [1, 1, 1, 1]
+
+
+def test_a_second_ctrl_c_in_the_callers_own_resets_asks_for_async_reset(closing):
+    """Without workers the caller resets every env itself: a second Ctrl-C
+    among them (the first waits for them) leaves some reset and some not,
+    and send()/recv() say so."""
     envs = _async_envs(closing, num_workers=0)
     envs.async_reset(seed=0)
     _interrupt_next_call(envs._engine._caller, "reset")

@@ -1,7 +1,7 @@
 // Native tests of the core, no Python: commands and completions between a
 // front end and forked workers over a memfd arena (many round trips, so a
-// lost wake-up shows up as a timeout), async rings, the spin budget, and
-// what a spin takes for a lost core.
+// lost wake-up shows up as a timeout), async rings, the spin budget, what a
+// spin takes for a lost core, and SIGINT held while the caller steps envs.
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -346,9 +346,70 @@ void test_spin_lost_to_the_peer_it_waits_for_reports_it() {
   std::printf("spin lost to the peer it waits for reports it: ok (%d tries)\n", counted);
 }
 
+// A SIGINT during a hold reaches the process's handler only at release (or
+// at once, if it is the hold's second); handlers that are not functions
+// are left alone.
+std::atomic<int> g_sigints{0};
+void count_sigint(int) { g_sigints.fetch_add(1); }
+
+void test_interrupt_hold() {
+  struct sigaction counting = {}, saved;
+  counting.sa_handler = count_sigint;
+  sigemptyset(&counting.sa_mask);
+  CHECK(sigaction(SIGINT, &counting, &saved) == 0);
+
+  platform::hold_interrupt();
+  raise(SIGINT);
+  CHECK(g_sigints.load() == 0);  // kept
+  CHECK(platform::release_interrupt());
+  CHECK(g_sigints.load() == 1);  // delivered at release
+
+  platform::hold_interrupt();
+  platform::hold_interrupt();  // nested: only the outermost release delivers
+  raise(SIGINT);
+  CHECK(!platform::release_interrupt());
+  CHECK(g_sigints.load() == 1);
+  raise(SIGINT);  // the second: through at once
+  CHECK(g_sigints.load() == 2);
+  raise(SIGINT);  // and so is any after it
+  CHECK(g_sigints.load() == 3);
+  CHECK(!platform::release_interrupt());  // nothing left to deliver
+  CHECK(g_sigints.load() == 3);
+
+  raise(SIGINT);  // no hold: at once
+  CHECK(g_sigints.load() == 4);
+  platform::hold_interrupt();
+  CHECK(!platform::release_interrupt());  // a hold without a SIGINT delivers none
+  CHECK(g_sigints.load() == 4);
+
+  // A handler set during a hold's absence (as signal.signal() does) is
+  // wrapped again at the next hold.
+  CHECK(sigaction(SIGINT, &counting, nullptr) == 0);
+  platform::hold_interrupt();
+  raise(SIGINT);
+  CHECK(g_sigints.load() == 4);
+  CHECK(platform::release_interrupt());
+  CHECK(g_sigints.load() == 5);
+
+  struct sigaction ignore = {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  CHECK(sigaction(SIGINT, &ignore, nullptr) == 0);
+  platform::hold_interrupt();
+  struct sigaction now;
+  CHECK(sigaction(SIGINT, nullptr, &now) == 0);
+  CHECK(!(now.sa_flags & SA_SIGINFO) && now.sa_handler == SIG_IGN);  // not wrapped
+  raise(SIGINT);
+  CHECK(!platform::release_interrupt());
+
+  CHECK(sigaction(SIGINT, &saved, nullptr) == 0);
+  std::printf("SIGINT held for a hold, then delivered; a second goes through: ok\n");
+}
+
 }  // namespace
 
 int main() {
+  test_interrupt_hold();
   test_adaptive_spin();
   test_spin_survives_stolen_time();
   test_spin_lost_to_a_thread_sleeps();

@@ -60,25 +60,25 @@ class AsyncSteps:
         """Envs sent so far (a send cut short by Ctrl-C went if it moved on)."""
         return self._channel.sent_count
 
-    def recv(self, count: int, discard: bool = False) -> list[int]:
-        """Waits for `count` envs to finish; returns their rows in finishing
-        order (`discard`, their results to be dropped, changes nothing: the
-        workers step what they were sent). With restarts, a worker found
-        dead or hung (now, or every CHECK_EVERY_S while other envs keep
-        coming) is replaced instead: then it returns [] and the engine's
-        `restarted_rows` says which envs are new (the front end sends again
-        those it had in flight)."""
+    def recv(self, count: int, into: list[int], discard: bool = False) -> None:
+        """Waits for `count` envs to finish and appends their rows to `into`
+        in finishing order, in one native call: a Ctrl-C cannot land between
+        taking them and keeping them. (`discard`, their results to be
+        dropped, changes nothing: the workers step what they were sent.)
+        With restarts, a worker found dead or hung (now, or every
+        CHECK_EVERY_S while other envs keep coming) is replaced instead:
+        then no row is appended and the engine's `restarted_rows` says which
+        envs are new (the front end sends again those it had in flight)."""
         engine, pool = self._engine, self._pool
         engine.cycle.check_usable()
         engine.check_owner()
         engine.restarted_rows = []
         if pool.restart and time.monotonic() >= self._next_check and self._restart():
-            return []
-        code, rows = self._channel.recv(count, pool.sentinels, pool.timeout)
+            return
+        code = self._channel.recv(count, pool.sentinels, pool.timeout, into)
         if code != 0 and pool.restart and self._restart():
-            return []
+            return
         pool.check_wait(code)
-        return rows
 
     def _restart(self) -> bool:
         """Replaces workers that died, or that have had envs in flight and
@@ -166,29 +166,32 @@ class CallerSteps:
     def sent_count(self) -> int:
         return self._taken + len(self._queue)
 
-    def recv(self, count: int, discard: bool = False) -> list[int]:
-        """Steps the first `count` envs queued; returns their rows. With
-        `discard` (async_reset() drops their results) they are not stepped.
-        An env that raises leaves the batch half done, as a worker's env
-        does, and its batch queued for async_reset() to discard."""
+    def recv(self, count: int, into: list[int], discard: bool = False) -> None:
+        """Steps the first `count` envs queued and appends their rows to
+        `into`. With `discard` (async_reset() drops their results) they are
+        not stepped. A Ctrl-C during the steps is held until the rows are in
+        `into` (see CommandRunner._run_caller_slice); an env that raises, or
+        a second Ctrl-C, leaves the batch half done, as a worker's env does,
+        and its envs queued for async_reset() to discard."""
         cycle = self._engine.cycle
         cycle.check_usable()
         self._engine.restarted_rows = []
-        rows = self._queue[:count]
-        del self._queue[:count]  # in place: no copy of the envs still queued
-        self._taken += len(rows)
-        if discard:
-            return rows
-        try:
-            records = self._envs.step_rows(rows)
-        except BaseException as exc:
-            self._queue[:0] = rows
-            self._taken -= len(rows)
-            cycle.half_done(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else ENV_RAISED)
-            raise
-        for record in records:
-            self._records[record[0]] = StepRecord._make(record)
-        return rows
+
+        def take() -> None:
+            rows = self._queue[:count]
+            if not discard:
+                try:
+                    records = self._envs.step_rows(rows)
+                except BaseException as exc:
+                    cycle.half_done(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else ENV_RAISED)
+                    raise
+                for record in records:
+                    self._records[record[0]] = StepRecord._make(record)
+            del self._queue[:count]  # in place: no copy of the envs still queued
+            self._taken += len(rows)
+            into.extend(rows)
+
+        _core.run_holding_interrupt(take)
 
     def wait_finished(self, count: int, timeout: float) -> bool:
         """Whether `count` envs are queued, the next recv() steps them

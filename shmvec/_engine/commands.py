@@ -6,7 +6,8 @@ workers' part (they start at once); ``finish()`` steps the caller's own
 slice, waits for the workers, reads their replies (replacing failed workers
 and making good their part of a step or reset) and moves the cycle on. A
 timeout or Ctrl-C in the wait leaves the command in flight: ``finish()`` may
-be called again and no result is lost.
+be called again and no result is lost. A Ctrl-C while the caller steps its
+own slice waits for the slice to end, then does the same.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from shmvec import _core
 from shmvec._engine import protocol as P
 from shmvec._engine.cycle import ENV_RAISED, INTERRUPTED, Phase
 from shmvec._engine.env_slice import EnvSlice
@@ -117,8 +119,8 @@ class CommandRunner:
         interrupted (``KeyboardInterrupt``), the command stays in flight and
         finish() may be called again: no result is lost. Anything else ends
         the command, and the cycle moves on (see shmvec._engine.cycle): an env
-        error in a step or reset, or the caller's own slice interrupted, leaves
-        the batch half done."""
+        error in a step or reset, or a second Ctrl-C that stopped the caller's
+        own slice, leaves the batch half done."""
         command = self._command
         if command is None:  # (one in flight means the cycle is waiting for it: not broken, not closed)
             raise RuntimeError("no shmvec command is in flight")
@@ -143,14 +145,9 @@ class CommandRunner:
         deadline = None if timeout is None else time.monotonic() + timeout
         if not command.caller_done:
             if self._caller is not None:
-                try:
-                    command.caller_result = command.caller_fn(self._caller)
-                except Exception as exc:
-                    command.caller_error = exc
-                except BaseException:  # KeyboardInterrupt: workers finish; the next command waits them out
-                    self._command = None
-                    raise
-            command.caller_done = True  # (after the slice: a Ctrl-C before it must not skip it)
+                self._run_caller_slice(command)
+            else:
+                command.caller_done = True
         if deadline is not None and time.monotonic() > deadline:
             # The caller's own slice took the whole time: the call did not
             # complete within `timeout`, though its results are not lost.
@@ -181,6 +178,26 @@ class CommandRunner:
         if command.collect is None:
             return None
         return command.collect(command.caller_result, replies)
+
+    def _run_caller_slice(self, command: _Command) -> None:
+        """The caller's own part of `command`, with Ctrl-C held: one that
+        comes meanwhile is raised once every env of the slice is done, and
+        the command stays in flight (as after a Ctrl-C in the wait). A
+        second Ctrl-C stops the slice at once (an env may hang): the batch
+        is then half done."""
+        caller = self._caller
+
+        def run() -> None:
+            try:
+                command.caller_result = command.caller_fn(caller)
+            except Exception as exc:
+                command.caller_error = exc  # raised once the workers are done too
+            except BaseException:  # stopped mid-slice: workers finish; the next command waits them out
+                self._command = None
+                raise
+            command.caller_done = True
+
+        _core.run_holding_interrupt(run)
 
     def _worker_replies(self, command: _Command) -> list[bytes]:
         """The workers' replies to a finished command; failed workers are

@@ -11,7 +11,7 @@ order of calls, a failed call or a dead worker wrong on its own.
            ▲    │      finish(): the results were collected, or a call      │      results can be collected)
            │    │      failed without touching the envs' state              │
     a full │    │ half_done(why) (strict front ends): an env raised         │
-     reset │    ▼ mid-batch, or Ctrl-C stopped the caller's own slice       │
+     reset │    ▼ mid-batch, or a 2nd Ctrl-C stopped the caller's slice     │
         ┌─────────────┐ ◀───────────────────────────────────────────────────┘
         │ NEEDS_RESET │ calls and resets may begin (and return here); steps may not
         └─────────────┘
@@ -59,7 +59,7 @@ class CommandCycle:
 
     `closed_error` makes the front end's error for a call on a closed env.
     `strict`: a batch left half done (an env raised during a step or reset,
-    or the caller's own slice was interrupted) requires a full reset before
+    or a second Ctrl-C stopped the caller's own slice) requires a full reset before
     the next step (Gymnasium, Ray); SB3's front end is not strict, as
     ``DummyVecEnv`` is not."""
 
