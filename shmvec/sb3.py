@@ -172,13 +172,16 @@ class ShmVecEnv(VecEnv):
         """Steps every env; returns fresh (observations, float32 rewards,
         bool dones, a list of info dicts), resetting ended episodes at once."""
         self._check_open()
+        # The batch is made with Ctrl-C held: one then leaves it for the next step_wait().
         if self._waiting:
             self._waiting = False
-            records = self._engine.step(self._object_actions)
-        elif self._engine.cycle.phase is Phase.WAITING_STEP:  # Ctrl-C interrupted the step: collect it
-            records = self._engine.finish()
-        else:
-            raise RuntimeError("step_wait() needs a step_async(actions) first")
+            return self._engine.step(self._object_actions, build=self._step_results)
+        if self._engine.cycle.phase is Phase.WAITING_STEP:  # Ctrl-C interrupted the step: collect it
+            return self._engine.finish(build=self._step_results)
+        raise RuntimeError("step_wait() needs a step_async(actions) first")
+
+    def _step_results(self, records: list) -> VecEnvStepReturn:
+        """The batch step_wait() returns, from the arena and the step's records."""
         io = self._io
         timeouts = (io.truncations & ~io.terminations).tolist()
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in timeouts]

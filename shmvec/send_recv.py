@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from shmvec import _core
 from shmvec._engine.cycle import Phase
 from shmvec.contract import check_async, checked_env_ids, seeds_for
 from shmvec.step_infos import vectorize_batch
@@ -29,6 +30,7 @@ class SendRecv:
         self._finished: list[int] = []
         self._reset_ready: list[int] = []
         self._reset_records: dict[int, tuple] = {}
+        self._handed_out: tuple | None = None  # a batch recv() made and a Ctrl-C kept from the user
 
     def async_reset(self, *, seed: int | list[int | None] | None = None,
                     options: dict[str, Any] | None = None) -> None:
@@ -53,6 +55,7 @@ class SendRecv:
             self._in_flight[self._engine.restarted_rows] = False  # a restart lost its own
         self._reset_ready.clear()  # an earlier reset's results: not to be handed out if this one is cut short
         self._reset_records.clear()
+        self._handed_out = None
         self._reset_received(self._engine.reset(seeds, options, None))
 
     def _has_results_at_hand(self) -> bool:
@@ -99,6 +102,9 @@ class SendRecv:
         self._finish_interrupted_reset()
         self._cycle.check_usable()
         check_async(self, "recv")
+        if self._handed_out is not None:  # a Ctrl-C came as the last recv() returned it
+            result, self._handed_out = self._handed_out, None
+            return result
         available = len(self._reset_ready) + int(np.count_nonzero(self._in_flight))
         if available < self.batch_size:
             if self._cycle.phase is Phase.NEEDS_RESET:
@@ -129,11 +135,17 @@ class SendRecv:
                   io.truncations.take(ids), infos)
         if self._restarts:
             io.remember(ids)
-        # Received: the envs are the user's again.
-        del self._reset_ready[:resets], self._finished[:stepped]
-        for row in reset_rows:
-            self._reset_records.pop(row, None)
-        self._in_flight[ids[resets:]] = False
+
+        def hand_out() -> None:  # the envs are the user's again
+            del self._reset_ready[:resets], self._finished[:stepped]
+            for row in reset_rows:
+                self._reset_records.pop(row, None)
+            self._in_flight[ids[resets:]] = False
+            self._handed_out = result
+
+        # With Ctrl-C held: one meanwhile leaves the batch to the next recv().
+        _core.run_holding_interrupt(hand_out)
+        self._handed_out = None
         return result
 
     def _send_lost(self) -> None:

@@ -293,7 +293,12 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         ``TimeoutError`` (the step stays pending: call ``step_wait()`` again)."""
         if self._cycle.phase is not Phase.WAITING_STEP:
             self._cycle.check_waiting(Phase.WAITING_STEP)
-        records = self._engine.finish(timeout)  # (no step in async mode: nothing to send again)
+        # (No step in async mode: nothing to send again.) The batch is made
+        # with Ctrl-C held: one then leaves it for the next step_wait().
+        return self._engine.finish(timeout, build=self._step_results)
+
+    def _step_results(self, records: list) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """The batch step_wait() returns, from the arena and the step's records."""
         io = self._io
         if self._engine.restarted_rows and self.autoreset_mode is not AutoresetMode.SAME_STEP:
             # Truncated at the last observation the caller saw (their

@@ -72,6 +72,34 @@ def test_ctrl_c_right_after_the_workers_got_a_step_leaves_it_pending(num_workers
     assert _steps(envs.step(actions_for(4))[0]) == [2, 2, 2, 2]
 
 
+def _ctrl_c_as_the_batch_is_made(venv) -> None:
+    """A real Ctrl-C lands as the front end makes the batch step_wait()
+    returns (after the envs stepped and the workers were collected)."""
+    build = venv._step_results
+
+    def ctrl_c_first(records):
+        del venv._step_results
+        ctrl_c()
+        return build(records)
+
+    venv._step_results = ctrl_c_first
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(2, False), (1, True), (0, True)])
+def test_ctrl_c_as_the_batch_is_made_leaves_it_to_step_wait(num_workers, caller_steps, closing):
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
+    closing(envs)
+    envs.reset(seed=0)
+    _ctrl_c_as_the_batch_is_made(envs)
+    with pytest.raises(KeyboardInterrupt):
+        envs.step(actions_for(4))
+    with pytest.raises(AlreadyPendingCallError, match="pending call to `step`"):
+        envs.step(actions_for(4))
+    obs, rewards, *_ = envs.step_wait()
+    assert _steps(obs) == [1, 1, 1, 1] and rewards.tolist() == [1.0] * 4
+    assert _steps(envs.step(actions_for(4))[0]) == [2, 2, 2, 2]
+
+
 def _sb3_vec_env(*args, **kwargs):
     # The core test environment (.ci/py-versions-check) has no SB3.
     pytest.importorskip("stable_baselines3")
@@ -114,6 +142,18 @@ def test_sb3_front_end_keeps_a_step_ctrl_c_cut_short_in_the_callers_own_slice(tm
     with later((0.1, ctrl_c), (0.5, gate.touch)), pytest.raises(KeyboardInterrupt):
         venv.step(actions_for(4, 0, GATE))  # env 0, the caller's, waits for the gate
     assert _steps(venv.step_wait()[0]) == [1, 1, 1, 1]
+    assert _steps(venv.step(actions_for(4))[0]) == [2, 2, 2, 2]
+
+
+def test_sb3_front_end_keeps_a_step_ctrl_c_cut_short_as_its_batch_was_made(closing):
+    venv = _sb3_vec_env([FaultEnv] * 4, num_workers=1, caller_steps=True, start_method="fork")
+    closing(venv)
+    venv.reset()
+    _ctrl_c_as_the_batch_is_made(venv)
+    with pytest.raises(KeyboardInterrupt):
+        venv.step(actions_for(4))
+    obs, rewards, dones, infos = venv.step_wait()
+    assert _steps(obs) == [1, 1, 1, 1] and rewards.tolist() == [1.0] * 4 and len(infos) == 4
     assert _steps(venv.step(actions_for(4))[0]) == [2, 2, 2, 2]
 
 
@@ -303,6 +343,31 @@ def test_ctrl_c_in_recv_loses_no_env(num_workers, where, closing):
         assert set(ids) <= out and len(set(ids)) == 4
         assert _steps(obs) == [sent[env] for env in ids]
         out -= set(ids)
+
+
+class _CtrlCOnPop(dict):
+    """Reset records whose first pop() (recv() handing the envs out) brings a real Ctrl-C."""
+
+    def pop(self, *args):
+        if not getattr(self, "fired", False):
+            self.fired = True
+            ctrl_c()
+        return super().pop(*args)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_ctrl_c_as_recv_hands_the_envs_out_leaves_them_to_the_next(num_workers, closing):
+    envs = _async_envs(closing, num_workers)
+    envs.async_reset(seed=0)
+    envs._reset_records = _CtrlCOnPop(envs._reset_records)
+    with pytest.raises(KeyboardInterrupt):
+        envs.recv()
+    obs, _, _, _, infos = envs.recv()  # the batch the Ctrl-C kept from the caller
+    assert infos["env_id"].tolist() == [0, 1, 2, 3] and _steps(obs) == [0, 0, 0, 0]
+    envs.send(actions_for(4), [0, 1, 2, 3])
+    obs, _, _, _, infos = envs.recv()  # the two reset envs left, then two stepped once
+    ids = infos["env_id"].tolist()
+    assert ids[:2] == [4, 5] and set(ids[2:]) < {0, 1, 2, 3} and _steps(obs) == [0, 0, 1, 1]
 
 
 @pytest.mark.parametrize("then", ["recv", "async_reset", "send"])

@@ -36,11 +36,12 @@ _PHASE_OF = {P.STEP: Phase.WAITING_STEP, P.RESET: Phase.WAITING_RESET, P.CALL: P
 
 
 class _Command:
-    """A command begun and not yet finished; the caller's slice result is
-    kept so that an interrupted wait can be resumed. (A plain class with
-    slots: one is made per step.)"""
+    """A command begun and not yet finished; the caller's slice result, and
+    then the command's result, are kept so that an interrupted finish() can
+    be resumed. (A plain class with slots: one is made per step.)"""
 
-    __slots__ = ("code", "caller_fn", "plain_step", "collect", "caller_done", "caller_result", "caller_error")
+    __slots__ = ("code", "caller_fn", "plain_step", "collect", "caller_done", "caller_result", "caller_error",
+                 "collected", "built", "result")
 
     def __init__(self, code: int, caller_fn: Callable[[EnvSlice], Any], plain_step: bool,
                  collect: Callable[[Any, list[bytes]], Any] | None):
@@ -51,6 +52,9 @@ class _Command:
         self.caller_done = False
         self.caller_result: Any = None
         self.caller_error: BaseException | None = None
+        self.collected = False  # `result` holds collect()'s result
+        self.built = False  # `result` is final (finish()'s `build` made it, if it had one)
+        self.result: Any = None
 
 
 class CommandRunner:
@@ -110,26 +114,35 @@ class CommandRunner:
             self.cycle.finish()
             raise
 
-    def finish(self, timeout: float | None = None):
+    def finish(self, timeout: float | None = None, build: Callable[[Any], Any] | None = None):
         """Runs the caller's slice, then waits for the workers; returns the
-        command's result. Env errors are raised only once every slice is
-        done, so nothing is left in flight.
+        command's result, or what `build` makes of it (the front end's
+        batch). Env errors are raised only once every slice is done, so
+        nothing is left in flight.
 
         If `timeout` seconds pass first (``ShmVecTimeoutError``) or the wait is
         interrupted (``KeyboardInterrupt``), the command stays in flight and
-        finish() may be called again: no result is lost. Anything else ends
-        the command, and the cycle moves on (see shmvec._engine.cycle): an env
+        finish() may be called again: no result is lost. Reading the
+        workers' replies and `build` run with Ctrl-C held (as the caller's
+        slice does): a Ctrl-C then is raised once the result is made, and
+        the next finish() returns that result. Anything else ends the
+        command, and the cycle moves on (see shmvec._engine.cycle): an env
         error in a step or reset, or a second Ctrl-C that stopped the caller's
         own slice, leaves the batch half done."""
         command = self._command
         if command is None:  # (one in flight means the cycle is waiting for it: not broken, not closed)
             raise RuntimeError("no shmvec command is in flight")
         try:
-            result = self._complete(command, timeout)
+            if not command.collected:
+                self._complete(command, timeout)
+            if not command.built:
+                _core.run_holding_interrupt(lambda: self._collect(command, build))
         except BaseException as exc:
             if self._command is not None:
-                raise  # a timeout or an interrupted wait: still in flight
-            if self.cycle.phase is not Phase.BROKEN:
+                raise  # a timeout, an interrupted wait, or a Ctrl-C held while the result was made: in flight
+            if command.collected:
+                self.cycle.finish()  # `build` failed: as if it had run after finish() returned
+            elif self.cycle.phase is not Phase.BROKEN:
                 if isinstance(exc, KeyboardInterrupt):  # the caller's own slice stopped mid-batch
                     self.cycle.half_done(INTERRUPTED)
                 elif isinstance(exc, Exception) and not isinstance(exc, ShmVecError) and command.code in (
@@ -138,10 +151,14 @@ class CommandRunner:
                 else:
                     self.cycle.finish()
             raise
+        # The phase first: a Ctrl-C between the two then finds the command
+        # still there, not gone while a phase waits for it.
         self.cycle.finish()
-        return result
+        self._command = None
+        return command.result
 
-    def _complete(self, command: _Command, timeout: float | None):
+    def _complete(self, command: _Command, timeout: float | None) -> None:
+        """Runs the caller's slice, then waits for the workers."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not command.caller_done:
             if self._caller is not None:
@@ -152,7 +169,6 @@ class CommandRunner:
             # The caller's own slice took the whole time: the call did not
             # complete within `timeout`, though its results are not lost.
             raise still_pending(timeout)
-        replies: list[bytes] = []
         if self.num_workers:
             try:
                 self.pool.wait(restart=True, call_timeout=timeout, call_deadline=deadline)
@@ -166,18 +182,31 @@ class CommandRunner:
                 if command.caller_error is not None:
                     raise command.caller_error from None
                 raise
+
+    def _collect(self, command: _Command, build: Callable[[Any], Any] | None) -> None:
+        """Reads the command's result (the caller's slice's, the workers'
+        replies) into it, then makes `build`'s of it; any error ends the
+        command. Runs with Ctrl-C held (see finish())."""
+        try:
+            if not command.collected:
+                replies: list[bytes] = []
+                if self.num_workers:
+                    try:
+                        replies = self._worker_replies(command)
+                    except Exception:
+                        if command.caller_error is None:
+                            raise
+                if command.caller_error is not None:
+                    raise command.caller_error  # the caller's envs come first by index
+                if command.collect is not None:
+                    command.result = command.collect(command.caller_result, replies)
+                command.collected = True
+            if build is not None:
+                command.result = build(command.result)
+        except BaseException:
             self._command = None
-            try:
-                replies = self._worker_replies(command)
-            except Exception:
-                if command.caller_error is None:
-                    raise
-        self._command = None
-        if command.caller_error is not None:
-            raise command.caller_error  # the caller's envs come first by index
-        if command.collect is None:
-            return None
-        return command.collect(command.caller_result, replies)
+            raise
+        command.built = True
 
     def _run_caller_slice(self, command: _Command) -> None:
         """The caller's own part of `command`, with Ctrl-C held: one that
@@ -238,9 +267,9 @@ class CommandRunner:
             self.begin(P.STEP, lambda s: s.step([object_actions[i] for i in s.rows]), requests,
                        collect=self._step_records)
 
-    def step(self, object_actions: list | None = None) -> list[StepRecord]:
+    def step(self, object_actions: list | None = None, build: Callable[[list[StepRecord]], Any] | None = None):
         self.begin_step(object_actions)
-        return self.finish()
+        return self.finish(build=build)
 
     def _step_records(self, caller_records, replies: list[bytes]) -> list[StepRecord]:
         if not caller_records and not replies:
