@@ -85,6 +85,20 @@ def _ctrl_c_as_the_batch_is_made(venv) -> None:
     venv._step_results = ctrl_c_first
 
 
+@pytest.mark.parametrize("num_workers, caller_steps", [(2, False), (1, True)])
+def test_ctrl_c_right_after_the_wait_leaves_the_step_pending(num_workers, caller_steps, closing):
+    """Ctrl-C once the workers are done, before their replies are read: the
+    next step_wait() waits again (at once) and reads them."""
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
+    closing(envs)
+    envs.reset(seed=0)
+    _interrupt_next_call(envs._engine, "_complete", after=True)
+    with pytest.raises(KeyboardInterrupt):
+        envs.step(actions_for(4))
+    assert _steps(envs.step_wait()[0]) == [1, 1, 1, 1]
+    assert _steps(envs.step(actions_for(4))[0]) == [2, 2, 2, 2]
+
+
 @pytest.mark.parametrize("num_workers, caller_steps", [(2, False), (1, True), (0, True)])
 def test_ctrl_c_as_the_batch_is_made_leaves_it_to_step_wait(num_workers, caller_steps, closing):
     envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
