@@ -60,8 +60,9 @@ class SendRecv:
 
     def _has_results_at_hand(self) -> bool:
         """Whether recv() holds envs it can hand out without waiting (reset
-        results, or envs an interrupted recv() had gathered)."""
-        return bool(self._reset_ready or self._finished)
+        results, envs an interrupted recv() had gathered, or the batch it was
+        handing out)."""
+        return bool(self._reset_ready or self._finished) or self._handed_out is not None
 
     def _finish_interrupted_reset(self) -> None:
         """A Ctrl-C cut async_reset() short while the workers reset: its
