@@ -477,14 +477,9 @@ def test_sigint_interrupts_a_slow_step_promptly(layout, tmp_path, closing):
     envs.reset()
     for pid in pids:  # workers ignore SIGINT (a terminal's Ctrl-C reaches the whole group)
         os.kill(pid, signal.SIGINT)
-    interrupter = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-    interrupter.start()
     start = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            envs.step(actions_for(4, 3, GATE))  # env 3 (a worker's) waits for the gate
-    finally:
-        interrupter.join()
+    with later((0.3, ctrl_c)), pytest.raises(KeyboardInterrupt):
+        envs.step(actions_for(4, 3, GATE))  # env 3 (a worker's) waits for the gate
     assert time.monotonic() - start < 3
     assert all(running(p) for p in pids)
     # The interrupted step stays pending, as in AsyncVectorEnv: a new step is
@@ -511,13 +506,8 @@ def test_sigint_then_close_does_not_hang(tmp_path, closing):
     closing(envs)
     pids = worker_pids(envs)
     envs.reset()
-    interrupter = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
-    interrupter.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            envs.step(actions_for(4, 3, GATE))  # waits up to 60 s for a gate that never opens
-    finally:
-        interrupter.join()
+    with later((0.3, ctrl_c)), pytest.raises(KeyboardInterrupt):
+        envs.step(actions_for(4, 3, GATE))  # waits up to 60 s for a gate that never opens
     # close() may give the hung worker a grace period, but must not wait 60 s.
     result = {}
 
