@@ -74,8 +74,10 @@ py::tuple unpack(py::handle result, size_t n, py::ssize_t row, const char* metho
   throw py::error_already_set();
 }
 
-// A flag on an action code (ACTION_AS_PYTHON in shmvec._engine.layout).
+// Flags on an action code (ACTION_AS_PYTHON and ACTION_AS_GIVEN in
+// shmvec._engine.layout).
 constexpr uint8_t kActionAsPython = 0x80;
+constexpr uint8_t kActionAsGiven = 0x40;
 
 bool is_empty_dict(py::handle obj) { return PyDict_Check(obj.ptr()) && PyDict_GET_SIZE(obj.ptr()) == 0; }
 
@@ -205,6 +207,12 @@ py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
   // wrote the code with the actions, before posting the step).
   // kActionAsPython set: the caller passed Python scalars (or lists of them),
   // which the env gets as SyncVectorEnv hands them on: the row's tolist().
+  // kActionAsGiven set: the env gets the caller's own item, which travels
+  // beside the arena (the only value in `objects`).
+  if (action_codes_[0] & kActionAsGiven) {
+    if (objects.is_none()) throw std::runtime_error("an action kept as given did not come with the step");
+    return objects[py::int_(0)];
+  }
   const std::vector<ArrayLeaf>& views = action_leaves_[0];
   const uint8_t code = action_codes_[0] & ~kActionAsPython;
   const bool as_python = action_codes_[0] & kActionAsPython;

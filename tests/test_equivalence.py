@@ -464,9 +464,23 @@ LIST_ACTION_CASES = {
                        lambda n: {"a": np.full((n, 2), 0.5, F32), "b": [k % 3 for k in range(n)]}),
     "dict-leaf-lists": (spaces.Dict({"a": spaces.Box(0, 1, (2,), F32), "b": spaces.Discrete(3)}),
                         lambda n: {"a": [[0.5, k / n] for k in range(n)], "b": np.arange(n) % 3}),
-    # Not all Python scalars of one type: each env gets a numpy scalar of the
-    # batch (SyncVectorEnv hands on the list's items as they are).
+    # Other items: each env gets the list's item, as SyncVectorEnv hands it on.
+    # Numpy items of one dtype come back from an array of them; tuples, Python
+    # numbers of mixed types, 0-d arrays, numpy items of several dtypes do not.
     "discrete-numpy-items": (spaces.Discrete(3), lambda n: [np.int64(k % 3) for k in range(n)]),
+    "discrete-mixed-bools-and-ints": (spaces.Discrete(2),
+                                      lambda n: [k % 2 == 0 if k % 3 else k % 2 for k in range(n)]),
+    "box0-mixed-ints-and-floats": (spaces.Box(0, 1, (), F32),
+                                   lambda n: [k % 2 if k % 3 else k / n for k in range(n)]),
+    "box2-tuples": (spaces.Box(0, 1, (2,), F32), lambda n: [(k / n, 0.1) for k in range(n)]),
+    "box2-lists-of-mixed": (spaces.Box(0, 1, (2,), F32), lambda n: [[k % 2, 0.5] for k in range(n)]),
+    "box2-arrays": (spaces.Box(0, 1, (2,), F32), lambda n: [np.full(2, k / n, np.float64) for k in range(n)]),
+    "box0-zero-dim-arrays": (spaces.Box(0, 1, (), F32), lambda n: [np.array(k / n, F32) for k in range(n)]),
+    "discrete-numpy-items-of-two-dtypes": (spaces.Discrete(3), lambda n: [np.int64(k % 3) if k % 2 else np.int8(1)
+                                                                        for k in range(n)]),
+    "multidiscrete-tuples": (spaces.MultiDiscrete([3, 3]), lambda n: [(k % 3, 1) for k in range(n)]),
+    "dict-leaf-tuples": (spaces.Dict({"a": spaces.Box(0, 1, (2,), F32), "b": spaces.Discrete(3)}),
+                         lambda n: {"a": [(0.5, k / n) for k in range(n)], "b": [k % 3 for k in range(n)]}),
 }
 
 
@@ -476,7 +490,7 @@ def test_env_sees_the_python_scalars_of_a_list_batch(case, num_workers, caller_s
     """As SyncVectorEnv, which iterates over the caller's list, each env of a
     list (or tuple) of Python ints, floats or bools gets a Python int, float
     or bool, not a numpy scalar (an env may json.dumps its action); of a list
-    of lists, its own list."""
+    of lists, its own list; of a list of other items, its item (a tuple, say)."""
     space, batch = LIST_ACTION_CASES[case]
     envs, ref = _action_type_pair(space, num_workers, caller_steps, closing)
     rng = np.random.default_rng(0)

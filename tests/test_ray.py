@@ -79,10 +79,13 @@ def test_matches_sync_vector_env(make, mode, closing):
 
 def test_envs_get_the_python_scalars_of_a_list_batch(closing):
     # As under SyncVectorEnv (and ShmVecEnv): an env of a list batch gets a
-    # Python int (or its own list), of an array batch a numpy scalar (or
-    # array) of the array's dtype.
-    cases = [(spaces.Discrete(3), ([0, 1, 2, 0, 1], np.array([2, 1, 0, 2, 1], np.int32), (1, 1, 0, 0, 2))),
-             (spaces.Box(0, 1, (2,), np.float32), ([[k / 5, 0.5] for k in range(5)], np.full((5, 2), 0.25)))]
+    # Python int (or its own list), or the caller's item itself where no
+    # array gives it back (tuples, mixed types), of an array batch a numpy
+    # scalar (or array) of the array's dtype.
+    cases = [(spaces.Discrete(3), ([0, 1, 2, 0, 1], np.array([2, 1, 0, 2, 1], np.int32), (1, 1, 0, 0, 2),
+                                   [True, 1, 2, False, 0])),
+             (spaces.Box(0, 1, (2,), np.float32), ([[k / 5, 0.5] for k in range(5)], np.full((5, 2), 0.25),
+                                                   [(k / 5, 0.5) for k in range(5)]))]
     for space, batches in cases:
         make = functools.partial(ActionTypeEnv, space)
         envs, ref = RayVecEnv([make] * 5, 2, **FAST), SyncVectorEnv([make] * 5)

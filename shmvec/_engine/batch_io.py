@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from shmvec._engine.layout import ACTION_AS_PYTHON, action_dtype_code, flattener, is_single_fixed_leaf, unflattener
+from shmvec._engine.layout import (
+    ACTION_AS_GIVEN, ACTION_AS_PYTHON, action_dtype_code, flattener, is_single_fixed_leaf, unflattener,
+)
 
 if TYPE_CHECKING:
     from shmvec._engine.engine import Engine
 
-__all__ = ["BatchIO", "action_leaves", "checked_leaf_batch", "checked_object_batch", "python_values"]
+__all__ = ["BatchIO", "action_leaves", "checked_leaf_batch", "checked_object_batch", "items_as_given", "python_values"]
 
 
 # -- actions ------------------------------------------------------------------
@@ -69,6 +71,24 @@ def python_values(value: Any, ndim: int) -> bool:
         return True
     kind = type(items[0])
     return kind in (int, float, bool) and all(type(v) is kind for v in items)
+
+
+def items_as_given(value: Any, ndim: int) -> bool:
+    """Whether the envs of a batch of `ndim` dimensions given as a list or
+    tuple must each get the caller's own item, because no array of the batch
+    hands it back: tuples, Python numbers of mixed types, 0-d arrays, numpy
+    items of several dtypes. (Python numbers of one type, and lists of them,
+    are rebuilt from the arena, see python_values; numpy items of one dtype
+    and of a row's shape are the array's own.)"""
+    if type(value) not in (list, tuple) or not value:
+        return False
+    if ndim == 1:
+        numpy_rows = all(isinstance(v, np.generic) for v in value)
+    else:
+        numpy_rows = all(type(v) is np.ndarray and v.ndim == ndim - 1 for v in value)
+    if numpy_rows and len({v.dtype for v in value}) == 1:
+        return False
+    return not python_values(value, ndim)
 
 
 def checked_object_batch(value: Any, count: int, what: str) -> list:
@@ -128,11 +148,12 @@ class BatchIO:
 
     def write_actions(self, actions: Any, rows: np.ndarray | None = None) -> list | None:
         """Validates a batch of actions (for every env, or for `rows`) and
-        writes it into the arena; returns the per-env values of action leaves
-        without a fixed shape, if any."""
+        writes it into the arena; returns, per env, the values of its action
+        leaves that travel beside the arena (leaves without a fixed shape, and
+        items kept as the caller gave them), if any, in leaf order."""
         if self._single_action:
-            self._write_leaf(0, actions, "actions", rows)
-            return None
+            given = self._write_leaf(0, actions, "actions", rows)
+            return None if given is None else [[item] for item in given]
         if rows is not None:
             if any(v is None for v in self.action_views):
                 raise NotImplementedError("async mode needs action spaces whose leaves have fixed shapes")
@@ -143,22 +164,26 @@ class BatchIO:
         leaves = action_leaves(self._flatten_actions, actions)
         object_actions = None
         for k, (view, value) in enumerate(zip(self.action_views, leaves)):
-            if view is not None:
-                self._write_leaf(k, value, f"action leaf {k}")
-                continue
-            values = checked_object_batch(value, self.num_envs, f"action leaf {k}")
+            if view is None:
+                values = checked_object_batch(value, self.num_envs, f"action leaf {k}")
+            else:
+                values = self._write_leaf(k, value, f"action leaf {k}")
+                if values is None:
+                    continue
             if object_actions is None:
                 object_actions = [[] for _ in range(self.num_envs)]
             for i in range(self.num_envs):
                 object_actions[i].append(values[i])
         return object_actions
 
-    def _write_leaf(self, k: int, value: Any, what: str, rows: np.ndarray | None = None) -> None:
+    def _write_leaf(self, k: int, value: Any, what: str, rows: np.ndarray | None = None) -> list | None:
         """Validates action leaf `k`'s batch and writes it. A whole batch
         (rows None) is stored in its own dtype where it can be, so that each
         env gets an element of the caller's batch, as under SyncVectorEnv
         (np.float64 for a float64 batch, even for a float32 Box); async sends
-        (`rows`: other envs may be reading their rows) use the space's dtype."""
+        (`rows`: other envs may be reading their rows) use the space's dtype.
+        Returns the caller's items if the envs get them as given (see
+        items_as_given), else None."""
         view = self.action_views[k]
         shape = view.shape if rows is None else (len(rows), *view.shape[1:])
         array = value
@@ -170,7 +195,7 @@ class BatchIO:
         if rows is not None:
             codes[k] = self._action_space_codes[k]
             view[rows] = array
-            return
+            return None
         dtype = array.dtype
         if dtype is self._last_dtype[k]:
             code = self._last_code[k]
@@ -180,9 +205,14 @@ class BatchIO:
                 code = self._action_space_codes[k]
             self._last_dtype[k], self._last_code[k] = dtype, code
         self._action_dtype_views[k][code][...] = array  # the same dtype, or a cast checked above
-        if array is not value and python_values(value, array.ndim):
-            code |= ACTION_AS_PYTHON
+        if array is not value:  # (a list or tuple, say: the envs may get Python items)
+            if python_values(value, array.ndim):
+                code |= ACTION_AS_PYTHON
+            elif items_as_given(value, array.ndim):
+                codes[k] = code | ACTION_AS_GIVEN
+                return list(value)
         codes[k] = code
+        return None
 
     # -- observations out -----------------------------------------------------
 

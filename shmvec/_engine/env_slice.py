@@ -13,7 +13,7 @@ from shmvec import _core
 from shmvec._gym_compat import set_wrapper_attr
 from shmvec._engine.info_columns import INFO_STORAGE
 from shmvec._engine.layout import (
-    ACTION_AS_PYTHON, DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback,
+    ACTION_AS_GIVEN, ACTION_AS_PYTHON, DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback,
 )
 
 __all__ = ["EnvSlice", "AUTORESET_CODES"]
@@ -23,8 +23,9 @@ AUTORESET_CODES = {"NextStep": 0, "SameStep": 1, "Disabled": 2}
 
 
 def _action_builder(action_space, action_views, action_codes):
-    """Builds one env's action from the arena, for structured action spaces
-    (Dict, Tuple, non-fixed leaves); single fixed leaves are done natively.
+    """Builds one env's action from the arena and `objects` (the values that
+    travel beside it), for structured action spaces (Dict, Tuple, non-fixed
+    leaves); single fixed leaves are done natively.
     `action_views` has each fixed leaf's views by dtype code; `action_codes`
     says which one holds the current batch, per leaf."""
     unflatten = unflattener(action_space)
@@ -33,7 +34,7 @@ def _action_builder(action_space, action_views, action_codes):
         extra = iter(objects or ())
         values = []
         for views, code in zip(action_views, action_codes.tolist()):
-            if views is None:
+            if views is None or code & ACTION_AS_GIVEN:
                 values.append(next(extra))
                 continue
             view = views[code & ~ACTION_AS_PYTHON]

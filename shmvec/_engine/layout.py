@@ -41,6 +41,11 @@ ACTION_ITEMSIZE = max(d.itemsize for d in ACTION_DTYPES)
 # over the batch, so each env gets a Python scalar or list, which the stepper
 # makes with its row's tolist().
 ACTION_AS_PYTHON = 0x80
+# Set on a code when the caller passed a list (or tuple) whose items an array
+# would not hand back as they are (tuples, Python numbers of mixed types):
+# each env's item then travels beside the arena, as the values of leaves
+# without a fixed shape do, and the env gets it as SyncVectorEnv hands it on.
+ACTION_AS_GIVEN = 0x40
 
 
 def action_dtype_code(dtype: np.dtype) -> int | None:
