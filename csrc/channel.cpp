@@ -53,7 +53,7 @@ std::size_t AsyncRegion::size(uint32_t envs, uint32_t workers, uint64_t record_c
 // --------------------------------------------------------------- FrontChannel
 
 FrontChannel::FrontChannel(char* base, FixedLayout layout, bool initialize)
-    : base_(base), layout_(layout), spin_(2'000, 200'000), seq_(layout.num_workers, 0),
+    : base_(base), layout_(layout), spin_(2'000, AdaptiveSpin::kSpinCapNs), seq_(layout.num_workers, 0),
       posted_(layout.num_workers, 0) {
   ArenaHeader* h = header();
   if (initialize) {
@@ -309,7 +309,7 @@ std::vector<uint32_t> FrontChannel::pop_finished(uint32_t count) {
 // -------------------------------------------------------------- WorkerChannel
 
 WorkerChannel::WorkerChannel(char* base, FixedLayout layout, uint32_t worker, int parent_fd)
-    : base_(base), layout_(layout), worker_(worker), parent_fd_(parent_fd), spin_(5'000, 200'000) {
+    : base_(base), layout_(layout), worker_(worker), parent_fd_(parent_fd), spin_(5'000, AdaptiveSpin::kSpinCapNs) {
   if (worker >= layout.num_workers) throw std::invalid_argument("bad worker index");
   seen_ = control()->cmd_seq.value.load(std::memory_order_acquire);
   // A command posted before we started (or one a dead predecessor in this

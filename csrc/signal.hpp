@@ -37,17 +37,23 @@ namespace shmvec {
 // wake-up to every wait.
 //
 // While waits are usually short, the budget is at least kSleepCostNs, about
-// what a sleep costs on a VM (the futex wake-up and the halted vCPU's
-// return, tens of microseconds, and the wait's tail that runs past them):
-// a wait a few times longer than the mean (an env's episode reset, a
-// hypervisor hiccup) then keeps spinning instead of paying for a wake-up.
-// On the 2-vCPU VMs this took CartPole x64 from 0.905 to 0.93 of the limit
-// (medians of 4 paired runs, shmvec bench --num-envs 64 --passes 1).
+// what a sleep can cost on a VM: the futex wake-up and the halted vCPU's
+// return take tens of microseconds on a calm host, and far longer in its slow
+// stretches, when the woken vCPU waits for a turn on the host. A wait a few
+// times longer than the mean (an env's episode reset, a hypervisor hiccup, a
+// front end copying Atari frames) then keeps spinning instead of paying for a
+// wake-up. On the 2-vCPU VMs a floor of 100 us took CartPole x64 from 0.905
+// to 0.93 of the limit (medians of 4 paired runs, shmvec bench --num-envs 64
+// --passes 1); 1 ms, with the cap (kSpinCapNs) raised from 200 us to 2 ms,
+// took Pong x16 1.07x-1.13x further, where the caller had slept in 0.24 of
+// its batches' waits and the worker in 0.43 (docs/performance.md).
 class AdaptiveSpin {
  public:
   static constexpr int64_t kBackoffMinNs = 2'000'000;
   static constexpr int64_t kBackoffMaxNs = 1'000'000'000;
-  static constexpr int64_t kSleepCostNs = 100'000;
+  static constexpr int64_t kSleepCostNs = 1'000'000;
+  // Waits whose mean is longer than this sleep almost at once.
+  static constexpr int64_t kSpinCapNs = 2'000'000;
   AdaptiveSpin(int64_t min_ns, int64_t max_ns) : min_ns_(min_ns), max_ns_(max_ns) {}
   int64_t budget_ns(int64_t now_ns);  // for a wait starting at now_ns
   void observe(int64_t waited_ns);

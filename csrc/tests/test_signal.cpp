@@ -165,13 +165,14 @@ void test_front_sees_dead_worker() {
 }
 
 void test_adaptive_spin() {
-  AdaptiveSpin spin(2'000, 200'000);
+  const int64_t cap = AdaptiveSpin::kSpinCapNs;
+  AdaptiveSpin spin(2'000, cap);
   const int64_t floor = AdaptiveSpin::kSleepCostNs;
   int64_t t = 1'000'000'000;  // the time of each wait, in ns
   for (int i = 0; i < 50; ++i) spin.observe(10'000);
   CHECK(spin.budget_ns(t) == floor);  // a 10 us peer: spin at least what a sleep costs
-  for (int i = 0; i < 50; ++i) spin.observe(80'000);
-  CHECK(spin.budget_ns(t) > 150'000 && spin.budget_ns(t) <= 200'000);  // past an 80 us peer, within the cap
+  for (int i = 0; i < 50; ++i) spin.observe(700'000);
+  CHECK(spin.budget_ns(t) > 1'300'000 && spin.budget_ns(t) <= cap);  // past a 700 us peer, within the cap
   for (int i = 0; i < 50; ++i) spin.observe(5'000'000);
   CHECK(spin.budget_ns(t) == 2'000);  // a slow peer: sleep almost at once
   spin.observe(5'000'000);
