@@ -18,7 +18,7 @@ from shmvec._engine.layout import (
 if TYPE_CHECKING:
     from shmvec._engine.engine import Engine
 
-__all__ = ["BatchIO", "action_leaves", "checked_leaf_batch", "checked_object_batch", "items_as_given", "python_values"]
+__all__ = ["BatchIO", "action_leaves", "checked_leaf_batch", "checked_object_batch", "list_items_flag"]
 
 
 # -- actions ------------------------------------------------------------------
@@ -54,15 +54,32 @@ def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what
     return array
 
 
-def python_values(value: Any, ndim: int) -> bool:
-    """Whether a batch of `ndim` dimensions is a list or tuple of Python
-    ints, floats or bools of one type (`ndim` 1), or of lists of them, nested
-    `ndim` - 1 deep. np.asarray stores them as int64, float64 or bool, so
-    each row's ``tolist()`` is the item that SyncVectorEnv, iterating over
-    the batch, hands its env."""
+def list_items_flag(value: Any, ndim: int) -> int:
+    """How the envs of a batch of `ndim` dimensions get their items when it
+    is a list or tuple, as SyncVectorEnv hands them on by iterating over it:
+    ACTION_AS_PYTHON for Python ints, floats or bools of one type (`ndim` 1),
+    or lists of them nested `ndim` - 1 deep (np.asarray stores them as int64,
+    float64 or bool, so each row's ``tolist()`` is the env's item);
+    ACTION_AS_GIVEN for items no array gives back (tuples, Python numbers of
+    mixed types, 0-d arrays, numpy items of several dtypes), which then
+    travel as they are; 0 for anything else (numpy items of one dtype and of
+    a row's shape are the array's own)."""
     if type(value) not in (list, tuple) or not value:
-        return False
-    items = value
+        return 0
+    if _python_values(value, ndim):
+        return ACTION_AS_PYTHON
+    if ndim == 1:
+        numpy_rows = all(isinstance(v, np.generic) for v in value)
+    else:
+        numpy_rows = all(type(v) is np.ndarray and v.ndim == ndim - 1 for v in value)
+    if numpy_rows and len({v.dtype for v in value}) == 1:
+        return 0
+    return ACTION_AS_GIVEN
+
+
+def _python_values(items: list | tuple, ndim: int) -> bool:
+    """Whether a non-empty list or tuple holds Python numbers of one type
+    (or lists of them, nested `ndim` - 1 deep): see list_items_flag."""
     for _ in range(ndim - 1):
         if not all(type(v) is list for v in items):
             return False  # (tuples, arrays: tolist() would not give them back)
@@ -71,24 +88,6 @@ def python_values(value: Any, ndim: int) -> bool:
         return True
     kind = type(items[0])
     return kind in (int, float, bool) and all(type(v) is kind for v in items)
-
-
-def items_as_given(value: Any, ndim: int) -> bool:
-    """Whether the envs of a batch of `ndim` dimensions given as a list or
-    tuple must each get the caller's own item, because no array of the batch
-    hands it back: tuples, Python numbers of mixed types, 0-d arrays, numpy
-    items of several dtypes. (Python numbers of one type, and lists of them,
-    are rebuilt from the arena, see python_values; numpy items of one dtype
-    and of a row's shape are the array's own.)"""
-    if type(value) not in (list, tuple) or not value:
-        return False
-    if ndim == 1:
-        numpy_rows = all(isinstance(v, np.generic) for v in value)
-    else:
-        numpy_rows = all(type(v) is np.ndarray and v.ndim == ndim - 1 for v in value)
-    if numpy_rows and len({v.dtype for v in value}) == 1:
-        return False
-    return not python_values(value, ndim)
 
 
 def checked_object_batch(value: Any, count: int, what: str) -> list:
@@ -183,7 +182,7 @@ class BatchIO:
         (np.float64 for a float64 batch, even for a float32 Box); async sends
         (`rows`: other envs may be reading their rows) use the space's dtype.
         Returns the caller's items if the envs get them as given (see
-        items_as_given), else None."""
+        list_items_flag), else None."""
         view = self.action_views[k]
         shape = view.shape if rows is None else (len(rows), *view.shape[1:])
         array = value
@@ -205,14 +204,9 @@ class BatchIO:
                 code = self._action_space_codes[k]
             self._last_dtype[k], self._last_code[k] = dtype, code
         self._action_dtype_views[k][code][...] = array  # the same dtype, or a cast checked above
-        if array is not value:  # (a list or tuple, say: the envs may get Python items)
-            if python_values(value, array.ndim):
-                code |= ACTION_AS_PYTHON
-            elif items_as_given(value, array.ndim):
-                codes[k] = code | ACTION_AS_GIVEN
-                return list(value)
-        codes[k] = code
-        return None
+        flag = list_items_flag(value, array.ndim) if array is not value else 0  # (not for an array)
+        codes[k] = code | flag
+        return list(value) if flag == ACTION_AS_GIVEN else None
 
     # -- observations out -----------------------------------------------------
 

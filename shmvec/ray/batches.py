@@ -11,9 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from shmvec._engine.batch_io import (
-    action_leaves, checked_leaf_batch, checked_object_batch, items_as_given, python_values,
-)
+from shmvec._engine.batch_io import action_leaves, checked_leaf_batch, checked_object_batch, list_items_flag
 from shmvec._engine.layout import flattener, is_single_fixed_leaf, leaves_of, unflattener
 
 __all__ = ["LeafBatches", "owned"]
@@ -51,8 +49,7 @@ class LeafBatches:
                 # A list of Python scalars (or of lists of them), or of items
                 # no array gives back, travels as one, so that the actor's envs
                 # get them too (see ACTION_AS_PYTHON and ACTION_AS_GIVEN).
-                as_list = python_values(value, checked.ndim) or items_as_given(value, checked.ndim)
-                out.append(list(value) if as_list else checked)
+                out.append(list(value) if list_items_flag(value, checked.ndim) else checked)
             else:
                 out.append(tuple(checked_object_batch(value, count, name)))
         return out
