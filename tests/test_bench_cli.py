@@ -150,6 +150,22 @@ def test_an_uncoupled_loop_steps_every_env_of_its_share():
     assert rate > 0 and not measure._loop
 
 
+def test_actions_do_not_cycle_within_an_episode_and_stay_small():
+    """A short cycle of actions drives each env into a gait of its own. With
+    64 batches cycled, some HalfCheetahs stepped 10% slower than others for
+    the whole run, and a lock-step vector env waited for them every batch."""
+    import gymnasium
+    box = gymnasium.spaces.Box(-1, 1, (6,), np.float32)
+    batches = measure.action_batches(box, 16)
+    assert len(batches) > 2 * 1000  # two HalfCheetah episodes
+    assert len({batch.tobytes() for batch in batches}) == len(batches)
+    many = measure.action_batches(gymnasium.spaces.Discrete(2), 4096)  # 32 KiB a batch
+    assert len(many) * many[0].nbytes <= measure.ACTION_BYTES and len(many) >= 64
+    nested = gymnasium.spaces.Dict({"a": gymnasium.spaces.Discrete(3), "b": box})
+    assert len(measure.action_batches(nested, 4)) == len(measure.action_batches(box, 4))
+    assert len(measure.action_batches(box, None, count=5)) == 5
+
+
 def test_uncoupled_is_only_run_when_named_and_never_with_a_policy():
     from shmvec.bench import command, passes
     assert "uncoupled" not in command.default_backends(None) + command.default_backends(8)

@@ -27,15 +27,35 @@ from shmvec.bench.peers import env_factory, single_action_space
 __all__ = ["action_batches", "plain_envs", "step_for", "warmup_seconds", "vector_rate", "async_rate", "mlp_policy",
            "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "FreshProcess", "isolated"]
 
-ACTION_BATCHES = 64  # cycled through, so that making actions costs nothing in the timed loop
+# Actions are made beforehand and cycled through, so that making them costs
+# nothing in the timed loop. The cycle is long: a short one (it was 64
+# batches) drives each env into a gait of its own, and some HalfCheetahs
+# then stepped 10% slower than others for the whole run (see "The bench's
+# actions" in docs/performance.md). Very large batches get fewer, to bound
+# the memory (never under 64).
+ACTION_BATCHES = 4096
+ACTION_BYTES = 4 << 20
 
 
-def action_batches(space, num_envs: int | None, count: int = ACTION_BATCHES, seed: int = 0) -> list:
+def action_batches(space, num_envs: int | None, count: int | None = None, seed: int = 0) -> list:
     """`count` seeded samples of `space` batched `num_envs` times (single
-    actions when `num_envs` is None)."""
+    actions when `num_envs` is None); by default ACTION_BATCHES, or as many
+    as fit in ACTION_BYTES."""
     space = space if num_envs is None else batch_space(space, num_envs)
     space.seed(seed)
-    return [space.sample() for _ in range(count)]
+    first = space.sample()
+    if count is None:
+        count = max(64, min(ACTION_BATCHES, ACTION_BYTES // max(1, _nbytes(first))))
+    return [first] + [space.sample() for _ in range(count - 1)]
+
+
+def _nbytes(value: Any) -> int:
+    """The bytes of a sample's arrays (dicts and tuples of them too)."""
+    if isinstance(value, dict):
+        return sum(map(_nbytes, value.values()))
+    if isinstance(value, tuple):
+        return sum(map(_nbytes, value))
+    return getattr(value, "nbytes", 8)
 
 
 def step_for(step: Callable[[Any], Any], actions: list, seconds: float) -> tuple[int, float]:
