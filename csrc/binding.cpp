@@ -13,6 +13,7 @@
 
 #include "arena.hpp"
 #include "channel.hpp"
+#include "info_columns.hpp"
 #include "platform.hpp"
 #include "stepper.hpp"
 
@@ -363,6 +364,9 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("fn"),
      "Calls fn() with Ctrl-C held: a KeyboardInterrupt that would cut an env's step in two is "
      "raised once fn returns; a second Ctrl-C interrupts fn at once.");
+  m.def("info_batch", &info_batch, py::arg("flags"), py::arg("columns"),
+        "The infos of a step from its info columns, as VectorEnv._add_info builds them (see "
+        "csrc/info_columns.hpp).");
   m.def("async_region_size", &AsyncRegion::size, py::arg("num_envs"), py::arg("num_workers"),
         py::arg("record_capacity"));
 

@@ -14,6 +14,7 @@ from gymnasium import spaces
 from helpers import AUTORESETTING_MODES, MODES, assert_same, mode_id, run_lockstep, sync_pair
 
 import shmvec
+from shmvec._engine.info_columns import INFO_STORAGE
 
 LAYOUTS = [(1, True), (2, False), (0, True)]
 
@@ -33,8 +34,11 @@ class InfoEnv(gym.Env):
         t, i = self.t, self.index
         info = {"x_position": float(t * 0.5 + i), "lives": 3 - t % 3, "alive": t % 2 == 0,
                 "reward_ctrl": np.float32(-0.25 * t), "frame": np.int32(4 * t)}
-        if self.pattern == "sometimes_empty" and (t + i) % 3 == 0:
+        if self.pattern in ("sometimes_empty", "every_type") and (t + i) % 3 == 0:
             return {}
+        if self.pattern == "every_type":  # each value type the columns take, cast as _add_info casts it
+            return {kind.__name__: kind(t % 2 == 0 if kind is bool else (-1) ** t * (t + i) * 1.5 if kind in (
+                float, np.float64, np.float32, np.float16) else (t + i) % 100) for kind in INFO_STORAGE}
         if self.pattern == "other_schema" and i % 2:
             return {"lives": t, "x_position": float(t)}  # other keys, other order
         if self.pattern == "odd_values" and t % 4 == 1:
@@ -60,7 +64,7 @@ def pair(pattern, mode, num_workers, caller_steps, num_envs=5):
 
 
 @pytest.mark.parametrize("mode", MODES, ids=mode_id)
-@pytest.mark.parametrize("pattern", ["same", "sometimes_empty", "other_schema", "odd_values", "big_ints"])
+@pytest.mark.parametrize("pattern", ["same", "sometimes_empty", "every_type", "other_schema", "odd_values", "big_ints"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["caller+1worker", "2workers", "caller-only"])
 def test_infos_match_sync(pattern, mode, layout, closing):
     envs, ref = pair(pattern, mode, *layout)

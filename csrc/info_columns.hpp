@@ -1,0 +1,21 @@
+// The front end's side of the info columns (the stepper writes them): a
+// step's cells read into the dict VectorEnv._add_info builds, in one call,
+// so that infos cost no per-key numpy calls on the step path.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+namespace shmvec {
+
+namespace py = pybind11;
+
+// `values`: the (num_envs, C) int64 cells; `flags`: (num_envs,) uint8, nonzero
+// where the row's info is in its cells. `columns`: one tuple per key of the
+// schema, (key, mask_key, cells (a 1-d view of the column, int64 or
+// float64), dtype). For each column, in order: key -> an array of `dtype`
+// (the cells cast as astype casts them, 0 where the flag is 0) and mask_key
+// -> a bool array of the flags, each array its own.
+py::dict info_batch(const py::array& flags, const py::list& columns);
+
+}  // namespace shmvec
