@@ -1,4 +1,5 @@
 #include "info_columns.hpp"
+#include "new_arrays.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -43,18 +44,7 @@ bool fill_as(char kind, py::ssize_t size, char* out, const char* cells, py::ssiz
   return true;
 }
 
-// A new C-contiguous 1-d array of `dtype`. (Straight through numpy's C API:
-// py::array's constructors allocate shape and stride vectors, a quarter of
-// the cost of a whole batch here; and py::array(dtype, {n}) would pick a
-// deprecated constructor that wraps `dtype` itself.)
-py::array empty(const py::dtype& dtype, py::ssize_t n) {
-  auto& api = py::detail::npy_api::get();
-  Py_intptr_t shape[1] = {static_cast<Py_intptr_t>(n)};
-  PyObject* array = api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype.inc_ref().ptr(),  // (steals it)
-                                              1, shape, nullptr, nullptr, 0, nullptr);
-  if (!array) throw py::error_already_set();
-  return py::reinterpret_steal<py::array>(array);
-}
+py::array empty(const py::dtype& dtype, py::ssize_t n) { return new_array(dtype, 1, &n); }
 
 }  // namespace
 

@@ -1,5 +1,7 @@
 #include "stepper.hpp"
 
+#include "new_arrays.hpp"
+
 #include <cstring>
 #include <string>
 
@@ -94,7 +96,6 @@ Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
       write_fallback_(std::move(write_fallback)),
       step_name_("step"),
       reset_name_("reset"),
-      copy_name_("copy"),
       tolist_name_("tolist"),
       restarted_key_("shmvec_restarted") {
   for (py::handle env : envs) envs_.push_back(py::reinterpret_borrow<py::object>(env));
@@ -217,13 +218,18 @@ py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
   const uint8_t code = action_codes_[0] & ~kActionAsPython;
   const bool as_python = action_codes_[0] & kActionAsPython;
   if (code >= views.size()) throw std::runtime_error("bad action dtype code in the arena");
-  PyObject* item = PySequence_GetItem(views[code].batch.ptr(), row);
+  const ArrayLeaf& leaf = views[code];
+  if (action_leaf_is_row_ && !as_python) {
+    // A row of a multi-dimensional leaf: the env gets its own copy, as the
+    // arena row is overwritten next step (one new array, no view of the row).
+    py::array action = new_array(leaf.dtype, static_cast<int>(leaf.row_shape.size()), leaf.row_shape.data());
+    std::memcpy(action.mutable_data(), leaf.data + row * leaf.row_bytes, leaf.row_bytes);
+    return std::move(action);
+  }
+  PyObject* item = PySequence_GetItem(leaf.batch.ptr(), row);
   if (!item) throw py::error_already_set();
   auto action = py::reinterpret_steal<py::object>(item);
   if (as_python) return action.attr(tolist_name_)();
-  // A row of a multi-dimensional leaf is a view into the arena, which the
-  // next step overwrites: hand the env its own copy.
-  if (action_leaf_is_row_) return action.attr(copy_name_)();
   return action;
 }
 

@@ -127,7 +127,7 @@ class Stepper {
   py::object restart_report(py::ssize_t k);
   std::vector<uint8_t> needs_reset_;  // per env: kNone, kAutoreset or kRestarted
   py::ssize_t failed_row_ = -1;
-  py::str step_name_, reset_name_, copy_name_, tolist_name_, restarted_key_;
+  py::str step_name_, reset_name_, tolist_name_, restarted_key_;
   py::array keep_rewards_, keep_terminations_, keep_truncations_;
   // Info columns; info_flags_ is null while they are off (async mode).
   py::array keep_info_values_, keep_info_flags_;

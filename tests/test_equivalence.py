@@ -155,6 +155,40 @@ def test_copy_false_returns_views(closing):
     assert_same(second.copy(), ref.step(np.zeros(4, dtype=np.int64))[0])
 
 
+class ActionKeeper(gym.Env):
+    """Keeps every action it is given, as an env that stores its last
+    action (or a replay of them) does."""
+
+    observation_space = spaces.Box(-1, 1, (2,), np.float32)
+    action_space = spaces.Box(-1, 1, (3,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.kept = []
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.kept.append(action)
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_each_env_keeps_an_action_of_its_own(num_workers, closing):
+    """An action row of the arena is overwritten by the next step: every
+    env gets a copy of its own, as SyncVectorEnv's iteration over the batch
+    gives it an array that later batches do not touch."""
+    envs, ref = pair(ActionKeeper, 4, num_workers=num_workers, caller_steps=True, start_method="fork")
+    closing(envs), closing(ref)
+    envs.reset(seed=0), ref.reset(seed=0)
+    batches = [np.random.default_rng(k).uniform(-1, 1, (4, 3)).astype(dtype)
+               for k, dtype in enumerate([np.float32, np.float32, np.float64])]
+    for actions in batches:
+        envs.step(actions), ref.step(actions)
+    assert_same(envs.get_attr("kept"), ref.get_attr("kept"))  # a view of the row would hold the last batch
+    kept_by_caller = envs._engine._caller.envs[0].kept  # (a worker's come pickled: their own anyway)
+    assert all(action.flags.owndata and action.flags.writeable for action in kept_by_caller)
+
+
 def test_attributes_match_sync(closing):
     envs, ref = pair(lambda: gym.make("CartPole-v1"), 3, SAME_STEP, num_workers=1, start_method="fork")
     closing(envs), closing(ref)
