@@ -67,7 +67,8 @@ py::dict info_batch(const py::array& flags, const py::list& columns) {
     auto cells = py::reinterpret_borrow<py::array>(PyTuple_GET_ITEM(item.ptr(), 2));
     auto dtype = py::reinterpret_borrow<py::dtype>(PyTuple_GET_ITEM(item.ptr(), 3));
     const char cell_kind = cells.dtype().kind();
-    if (cells.ndim() != 1 || cells.shape(0) != n || cells.itemsize() != 8 || (cell_kind != 'i' && cell_kind != 'f'))
+    if (cells.ndim() != 1 || cells.shape(0) != n || cells.itemsize() != 8 ||
+        (cell_kind != 'i' && cell_kind != 'f'))
       throw std::invalid_argument("info cells must be a (num_envs,) int64 or float64 view");
     const char* data = static_cast<const char*>(cells.data());
     const py::ssize_t stride = cells.strides(0);
@@ -87,7 +88,8 @@ py::dict info_batch(const py::array& flags, const py::list& columns) {
     }
     py::array mask = empty(bool_dtype, n);
     std::memcpy(mask.mutable_data(), present.data(), static_cast<std::size_t>(n));
-    if (PyDict_SetItem(out.ptr(), key, values.ptr()) != 0 || PyDict_SetItem(out.ptr(), mask_key, mask.ptr()) != 0)
+    if (PyDict_SetItem(out.ptr(), key, values.ptr()) != 0 ||
+        PyDict_SetItem(out.ptr(), mask_key, mask.ptr()) != 0)
       throw py::error_already_set();
   }
   return out;

@@ -10,12 +10,12 @@ namespace shmvec {
 
 namespace py = pybind11;
 
-// `values`: the (num_envs, C) int64 cells; `flags`: (num_envs,) uint8, nonzero
-// where the row's info is in its cells. `columns`: one tuple per key of the
-// schema, (key, mask_key, cells (a 1-d view of the column, int64 or
-// float64), dtype). For each column, in order: key -> an array of `dtype`
+// `flags`: (num_envs,) uint8, nonzero where the row's info is in its cells.
+// `columns`: one tuple per key of the schema, (key, mask_key, cells, dtype),
+// where cells is the key's column of the (num_envs, C) cells, a 1-d view as
+// int64 or float64. For each column, in order: key -> an array of `dtype`
 // (the cells cast as astype casts them, 0 where the flag is 0) and mask_key
-// -> a bool array of the flags, each array its own.
+// -> a bool array of the flags, each array its own. {} when no flag is set.
 py::dict info_batch(const py::array& flags, const py::list& columns);
 
 }  // namespace shmvec

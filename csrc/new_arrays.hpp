@@ -14,9 +14,9 @@ namespace py = pybind11;
 // A new C-contiguous array of `dtype` and `shape` (ndim entries), uninitialized.
 inline py::array new_array(const py::dtype& dtype, int ndim, const py::ssize_t* shape) {
   auto& api = py::detail::npy_api::get();
-  PyObject* array = api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype.inc_ref().ptr(),  // (steals it)
-                                              ndim, reinterpret_cast<Py_intptr_t*>(const_cast<py::ssize_t*>(shape)), nullptr, nullptr, 0,
-                                              nullptr);
+  auto* dims = reinterpret_cast<Py_intptr_t*>(const_cast<py::ssize_t*>(shape));  // (numpy only reads it)
+  PyObject* array = api.PyArray_NewFromDescr_(api.PyArray_Type_, dtype.inc_ref().ptr(),  // (steals the dtype)
+                                              ndim, dims, nullptr, nullptr, 0, nullptr);
   if (!array) throw py::error_already_set();
   return py::reinterpret_steal<py::array>(array);
 }
