@@ -5,7 +5,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <type_traits>
-#include <vector>
 
 namespace shmvec {
 
@@ -52,12 +51,12 @@ py::dict info_batch(const py::array& flags, const py::list& columns) {
   if (flags.ndim() != 1 || flags.itemsize() != 1 || !(flags.flags() & py::array::c_style))
     throw std::invalid_argument("info flags must be a (num_envs,) uint8 array");
   const py::ssize_t n = flags.shape(0);
-  const auto* raw = static_cast<const uint8_t*>(flags.data());
-  std::vector<uint8_t> present(static_cast<std::size_t>(n));
-  bool any = false;
-  for (py::ssize_t i = 0; i < n; ++i) any |= (present[i] = raw[i] != 0);
+  // 0 or 1 per row (the stepper writes nothing else): also the bytes of each
+  // bool mask.
+  const auto* present = static_cast<const uint8_t*>(flags.data());
   py::dict out;
-  if (!any) return out;  // no env returned an info: {} as _add_info leaves it
+  if (std::memchr(present, 1, static_cast<std::size_t>(n)) == nullptr)
+    return out;  // no env returned an info: {} as _add_info leaves it
   const py::dtype bool_dtype = py::dtype::of<bool>();
   for (py::handle item : columns) {
     if (!PyTuple_Check(item.ptr()) || PyTuple_GET_SIZE(item.ptr()) != 4)
@@ -77,17 +76,17 @@ py::dict info_batch(const py::array& flags, const py::list& columns) {
     char* target = static_cast<char*>(values.mutable_data());
     const char kind = dtype.kind();
     const py::ssize_t size = dtype.itemsize();
-    const bool done = as_float ? fill_as<double>(kind, size, target, data, stride, present.data(), n)
-                               : fill_as<int64_t>(kind, size, target, data, stride, present.data(), n);
+    const bool done = as_float ? fill_as<double>(kind, size, target, data, stride, present, n)
+                               : fill_as<int64_t>(kind, size, target, data, stride, present, n);
     if (!done) {  // a rarer dtype (float16): numpy casts, as _add_info's array does
       py::array wide = empty(cells.dtype(), n);
       char* w = static_cast<char*>(wide.mutable_data());
-      if (as_float) fill<double, double>(w, data, stride, present.data(), n);
-      else fill<int64_t, int64_t>(w, data, stride, present.data(), n);
+      if (as_float) fill<double, double>(w, data, stride, present, n);
+      else fill<int64_t, int64_t>(w, data, stride, present, n);
       values = wide.attr("astype")(dtype);
     }
     py::array mask = empty(bool_dtype, n);
-    std::memcpy(mask.mutable_data(), present.data(), static_cast<std::size_t>(n));
+    std::memcpy(mask.mutable_data(), present, static_cast<std::size_t>(n));
     if (PyDict_SetItem(out.ptr(), key, values.ptr()) != 0 ||
         PyDict_SetItem(out.ptr(), mask_key, mask.ptr()) != 0)
       throw py::error_already_set();

@@ -10,7 +10,7 @@ namespace shmvec {
 
 namespace py = pybind11;
 
-// `flags`: (num_envs,) uint8, nonzero where the row's info is in its cells.
+// `flags`: (num_envs,) uint8, 1 where the row's info is in its cells, else 0.
 // `columns`: one tuple per key of the schema, (key, mask_key, cells, dtype),
 // where cells is the key's column of the (num_envs, C) cells, a 1-d view as
 // int64 or float64. For each column, in order: key -> an array of `dtype`

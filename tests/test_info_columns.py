@@ -19,6 +19,16 @@ from shmvec._engine.info_columns import INFO_STORAGE
 LAYOUTS = [(1, True), (2, False), (0, True)]
 
 
+def _value_for(kind: type, t: int, i: int):
+    """A value for an info of type `kind` at step t of env i: it changes
+    from step to step, and a float one has a sign and a fraction."""
+    if kind is bool:
+        return t % 2 == 0
+    if kind in (float, np.float64, np.float32, np.float16):
+        return (-1) ** t * (t + i) * 1.5
+    return (t + i) % 100
+
+
 class InfoEnv(gym.Env):
     """Infos of one schema most steps (the common case), with variations:
     `pattern` picks which envs sometimes return none, another schema, or
@@ -37,8 +47,7 @@ class InfoEnv(gym.Env):
         if self.pattern in ("sometimes_empty", "every_type") and (t + i) % 3 == 0:
             return {}
         if self.pattern == "every_type":  # each value type the columns take, cast as _add_info casts it
-            return {kind.__name__: kind(t % 2 == 0 if kind is bool else (-1) ** t * (t + i) * 1.5 if kind in (
-                float, np.float64, np.float32, np.float16) else (t + i) % 100) for kind in INFO_STORAGE}
+            return {kind.__name__: kind(_value_for(kind, t, i)) for kind in INFO_STORAGE}
         if self.pattern == "other_schema" and i % 2:
             return {"lives": t, "x_position": float(t)}  # other keys, other order
         if self.pattern == "odd_values" and t % 4 == 1:
@@ -64,7 +73,8 @@ def pair(pattern, mode, num_workers, caller_steps, num_envs=5):
 
 
 @pytest.mark.parametrize("mode", MODES, ids=mode_id)
-@pytest.mark.parametrize("pattern", ["same", "sometimes_empty", "every_type", "other_schema", "odd_values", "big_ints"])
+@pytest.mark.parametrize("pattern", ["same", "sometimes_empty", "every_type", "other_schema", "odd_values",
+                                     "big_ints"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["caller+1worker", "2workers", "caller-only"])
 def test_infos_match_sync(pattern, mode, layout, closing):
     envs, ref = pair(pattern, mode, *layout)

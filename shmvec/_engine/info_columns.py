@@ -8,7 +8,8 @@ the first such info as its *schema* (keys in order, one value type per key)
 and writes every matching info into its row's 8-byte cells, setting the row's
 flag; anything else (nested dicts, arrays, strings, other keys) still travels
 by pickle in a record. When every info of a step is in columns of one schema,
-the batch's infos are a few array copies, exactly what ``_add_info`` builds:
+one native call reads the batch's infos (``_core.info_batch``), exactly what
+``_add_info`` builds:
 same keys in the same order, one ``_key`` mask per key, the dtype of the
 value's type, zeros where an env had no info.
 """
