@@ -150,6 +150,24 @@ def test_an_uncoupled_loop_steps_every_env_of_its_share():
     assert rate > 0 and not measure._loop
 
 
+def test_a_pinned_loop_runs_on_its_cpu():
+    before = os.sched_getaffinity(0)
+    cpu = max(before)
+    try:
+        measure._prepare_loop("test_bench_cli:CountingEnv", False, 0.01, 1, cpu)
+        assert os.sched_getaffinity(0) == {cpu}
+        assert measure._run_loop(0.0, 0.01) > 0
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def test_pinned_limit_says_which_cpu_each_loop_ran_on():
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    limit = measure.concurrent_limit("shmvec.testing:NoopEnv", 0.05, processes=len(cpus), pin=True)
+    assert limit["cpus"] == cpus and len(limit["loops"]) == len(cpus) and min(limit["loops"]) > 0
+    assert "cpus" not in measure.concurrent_limit("shmvec.testing:NoopEnv", 0.05, processes=1)
+
+
 def test_actions_do_not_cycle_within_an_episode_and_stay_small():
     """A short cycle of actions drives each env into a gait of its own. With
     64 batches cycled, some HalfCheetahs stepped 10% slower than others for
@@ -306,9 +324,28 @@ def test_policy_mlp(tmp_path):
     assert bench("CartPole-v1", "--num-envs", "4", "--backends", "shmvec,sync", "--policy", "mlp",
                  "--workers", "1", "--json", str(out), *FAST) == 0
     report = json.loads(out.read_text())
-    assert report["settings"]["policy"] == "mlp"
+    assert report["settings"]["policy"] == "mlp" and report["settings"]["policy_device"] == "cpu"
     for r in report["results"]:
-        assert r["steps_per_s"] > 0 and r["torch_threads"] >= 1
+        assert r["steps_per_s"] > 0 and r["torch_threads"] >= 1 and r["policy_device"] == "cpu"
+
+
+@pytest.mark.parametrize(("device", "why"), [("tpu9", "'tpu9' is not a torch device"),
+                                           ("cuda:0", "torch sees no cuda device here")])
+def test_policy_device_must_be_one_torch_has(device, why):
+    torch = pytest.importorskip("torch")
+    from shmvec.bench import command, passes
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(["--policy", "mlp", "--policy-device", device, "--backends", "sync"])
+    _, jobs, notes = passes.plan(["CartPole-v1"], args)
+    assert jobs == [] and len(notes) == 1 and notes[0].startswith("skipping --policy mlp: ") and why in notes[0]
+
+
+def test_policy_device_needs_a_policy(capsys):
+    assert bench("CartPole-v1", "--policy-device", "cuda", "--backends", "sync", *FAST) == 2
+    assert "--policy-device needs --policy mlp" in capsys.readouterr().err
 
 
 def test_mlp_policy_acts_in_box_and_discrete_spaces():

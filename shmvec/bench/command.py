@@ -108,6 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a small torch MLP (obs -> 64 -> 64 -> actions) picks every batch's actions "
                              "from the observations inside the timed loop, at torch's default threads (shmvec's "
                              "torch_threads=\"auto\" lowers them while its env is open)")
+    parser.add_argument("--policy-device", default="cpu", metavar="DEVICE",
+                        help="the torch device the --policy runs on, such as cuda or cuda:1 (default: cpu); "
+                             "observations go to it and actions come back every batch, as in training")
     parser.add_argument("--busy", type=_workers, default=0, metavar="N",
                         help="N processes spinning on the CPU during every measurement, the limit's too "
                              "(default: 0); in the bench's session, as a learner's own other work")
@@ -132,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
     specs = list(dict.fromkeys([*args.env, *args.env_options])) or DEFAULT_ENVS
     if args.atari and not any(passes.in_atari_pipeline(args, spec) for spec in specs):
         print("error: --atari takes ALE ids (such as ALE/Pong-v5)", file=sys.stderr)
+        return 2
+    if args.policy_device != "cpu" and not args.policy:
+        print("error: --policy-device needs --policy mlp", file=sys.stderr)
         return 2
     if args.backends is None:
         args.backends = default_backends(args.async_batch)

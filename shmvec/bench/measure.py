@@ -117,12 +117,13 @@ def async_rate(envs, seconds: float, policy: Callable | None = None) -> float:
     return steps[0] / elapsed
 
 
-def mlp_policy(observation_space, action_space, hidden: int = 64) -> Callable[[Any], Any]:
+def mlp_policy(observation_space, action_space, hidden: int = 64, device: str = "cpu") -> Callable[[Any], Any]:
     """A small torch MLP (obs -> 64 -> 64 -> actions, tanh, like CleanRL's PPO
     agent) that picks a batch of actions from a batch of observations:
     sampled from its logits (Discrete), or its mean plus unit noise, clipped
     (Box). Torch keeps its default threads: that is what users run, and
-    those threads compete with the envs' processes."""
+    those threads compete with the envs' processes. On another `device`
+    (a GPU) the observations go to it and the actions come back each batch."""
     import numpy as np
     import torch
 
@@ -133,23 +134,23 @@ def mlp_policy(observation_space, action_space, hidden: int = 64) -> Callable[[A
         outputs = int(action_space.n)
     elif isinstance(action_space, spaces.Box):
         outputs = int(np.prod(action_space.shape))
-        low = torch.as_tensor(action_space.low, dtype=torch.float32).flatten()
-        high = torch.as_tensor(action_space.high, dtype=torch.float32).flatten()
+        low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device).flatten()
+        high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device).flatten()
     else:
         raise ValueError(f"--policy mlp needs a Discrete or Box action space, got {action_space}")
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(size, hidden), torch.nn.Tanh(),
                               torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
-                              torch.nn.Linear(hidden, outputs))
+                              torch.nn.Linear(hidden, outputs)).to(device)
 
     @torch.inference_mode()
     def policy(obs):
-        x = torch.as_tensor(np.asarray(obs), dtype=torch.float32).reshape(len(obs), size)
+        x = torch.as_tensor(np.asarray(obs), dtype=torch.float32, device=device).reshape(len(obs), size)
         out = net(x)
         if isinstance(action_space, spaces.Discrete):
-            return torch.multinomial(torch.softmax(out, dim=-1), 1).squeeze(1).numpy()
+            return torch.multinomial(torch.softmax(out, dim=-1), 1).squeeze(1).cpu().numpy()
         actions = torch.clamp(out + torch.randn_like(out), low, high)
-        return actions.reshape(len(obs), *action_space.shape).numpy().astype(action_space.dtype)
+        return actions.reshape(len(obs), *action_space.shape).cpu().numpy().astype(action_space.dtype)
 
     return policy
 
@@ -192,7 +193,9 @@ def plain_envs(spec: str, atari: bool, count: int) -> tuple[list, list[Callable[
     return envs, [plain_step(env) for env in envs]
 
 
-def _prepare_loop(spec: str, atari: bool, warmup: float, count: int = 1) -> None:
+def _prepare_loop(spec: str, atari: bool, warmup: float, count: int = 1, cpu: int | None = None) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     envs, steps = plain_envs(spec, atari, count)
 
     def step_all(action) -> None:  # every env of the loop, one after another, with the same action
@@ -216,7 +219,7 @@ def _run_loop(start_at: float, seconds: float) -> float:
 
 
 def concurrent_limit(spec: str, seconds: float, atari: bool = False, processes: int | None = None,
-                     num_envs: int | None = None) -> dict:
+                     num_envs: int | None = None, pin: bool = False) -> dict:
     """The machine's limit, measured: one fresh process per usable CPU, each
     stepping one env of `spec` in a plain loop, all starting at the same
     moment for the same `seconds`; their rates summed. Unlike usable CPUs x
@@ -228,14 +231,18 @@ def concurrent_limit(spec: str, seconds: float, atari: bool = False, processes: 
     shmvec splits them) instead of one: the "uncoupled" row, the pace of
     fixed shares that never wait for each other. Against it, a lock-step
     vector env over as many processes shows what waiting for the slowest
-    costs, apart from what more envs per process cost."""
+    costs, apart from what more envs per process cost.
+
+    With `pin`, loop i runs on the i-th CPU this process may use, and the
+    result's ``"cpus"`` says which: what each CPU gives while all are busy."""
     count = processes or usable_cpus()
     shares = [len(rows) for rows in split_slices(num_envs, count)] if num_envs else [1] * count
     shares = [share for share in shares if share]
+    cpus = sorted(os.sched_getaffinity(0))[:len(shares)] if pin else [None] * len(shares)
     workers = [FreshProcess() for _ in shares]
     try:
-        for process, share in zip(workers, shares):
-            process.send(_prepare_loop, spec, atari, warmup_seconds(seconds), share)
+        for process, share, cpu in zip(workers, shares, cpus):
+            process.send(_prepare_loop, spec, atari, warmup_seconds(seconds), share, cpu)
         for process in workers:  # every env made and warm: now start together
             process.receive()
         start_at = time.monotonic() + 0.05
@@ -245,7 +252,7 @@ def concurrent_limit(spec: str, seconds: float, atari: bool = False, processes: 
     finally:
         for process in workers:
             process.close()
-    return {"steps_per_s": sum(loops), "loops": loops}
+    return {"steps_per_s": sum(loops), "loops": loops, **({"cpus": cpus} if pin else {})}
 
 
 # A hog spins until stopped, or until the process that started it is gone

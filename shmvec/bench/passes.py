@@ -59,9 +59,10 @@ def _performance_warnings(caught: list) -> list[str]:
 
 
 def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: dict | None = None,
-                 atari: bool = False, policy: str | None = None) -> dict:
+                 atari: bool = False, policy: str | None = None, policy_device: str = "cpu") -> dict:
     """One measurement, meant for a fresh process; `options` go to
-    ShmVecEnv (with ``batch_size`` below `num_envs`, the async loop runs)."""
+    ShmVecEnv (with ``batch_size`` below `num_envs`, the async loop runs);
+    the `policy`, if any, runs on torch's `policy_device`."""
     options = options or {}
     if policy == "mlp":
         import torch  # before the envs, as a training script imports it at the top
@@ -77,8 +78,8 @@ def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: d
         pick = None
         if policy == "mlp":
             observation_space = getattr(envs, "single_observation_space", None) or envs.observation_space
-            pick = mlp_policy(observation_space, single_action_space(envs))
-            extra["torch_threads"] = torch.get_num_threads()
+            pick = mlp_policy(observation_space, single_action_space(envs), device=policy_device)
+            extra.update(torch_threads=torch.get_num_threads(), policy_device=policy_device)
         if options.get("batch_size", num_envs) < num_envs:
             rate = async_rate(envs, seconds, pick)
         else:
@@ -89,12 +90,32 @@ def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: d
     return {"steps_per_s": rate, "peak_rss_mib": memory["peak_rss_mib"], **extra}
 
 
+def _device_missing(device: str) -> str | None:
+    """Why torch cannot run a policy on `device` here, or None if it can.
+    (The bench's measurements run in spawned processes: torch's state in
+    this one does not reach them.)"""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        return f"--policy-device {device!r} is not a torch device ({exc})"
+    if kind == "cpu":
+        return None
+    backend = getattr(torch, kind, None)
+    count = backend.device_count() if backend is not None and hasattr(backend, "device_count") else 0
+    return None if count else f"torch sees no {kind} device here (--policy-device {device})"
+
+
 def plan(specs: list[str], args: argparse.Namespace) -> tuple[list[str], list[tuple], list[str]]:
     """The envs to measure, the (env, backend, num_envs) runs to do, and
     notes on those skipped."""
     notes = []
     if args.policy == "mlp" and importlib.util.find_spec("torch") is None:
         return [], [], [f"skipping --policy mlp: torch is not installed ({TORCH_INSTALL})"]
+    missing_device = args.policy and _device_missing(args.policy_device)
+    if missing_device:
+        return [], [], [f"skipping --policy mlp: {missing_device}"]
     ready = []
     for spec in specs:
         missing = workload_missing(spec, in_atari_pipeline(args, spec))
@@ -199,7 +220,8 @@ def measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
                                  in_atari_pipeline(args, spec), None, n)
             else:
                 result = attempt((spec, name, n), what, isolated, measure_once, name, spec, n, args.seconds,
-                                 _options(args, name), in_atari_pipeline(args, spec), args.policy)
+                                 _options(args, name), in_atari_pipeline(args, spec), args.policy,
+                                 args.policy_device)
             if result is not None:
                 measured.setdefault((spec, name, n), []).append(result)
                 for text in result.get("performance_warnings", ()):

@@ -64,7 +64,7 @@ def about_the_run(cpus: int) -> dict:
 
 def title_line(about: dict, args: argparse.Namespace) -> str:
     """One line: shmvec's version, the date, the machine, and the load the run added."""
-    extras = [f"policy {args.policy}" if args.policy else "",
+    extras = [f"policy {args.policy} on {args.policy_device}" if args.policy else "",
               f"busy {args.busy}{' apart' if args.busy_apart else ''}" if args.busy else ""]
     return ", ".join(filter(None, [f"shmvec {about['shmvec']} bench", about["date"][:10], about["machine"], *extras]))
 
@@ -99,8 +99,8 @@ def table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, c
     ]
     threads = {r["torch_threads"] for r in rows if "torch_threads" in r}
     if args.policy:
-        lines.append(f"policy: a torch MLP (obs -> 64 -> 64 -> actions) picks the actions in the timed loop, "
-                     f"torch threads {','.join(map(str, sorted(threads)))} (torch's default, or what shmvec's "
+        lines.append(f"policy: a torch MLP (obs -> 64 -> 64 -> actions) on {args.policy_device} picks the actions "
+                     f"in the timed loop, torch threads {','.join(map(str, sorted(threads)))} (torch's default, or what shmvec's "
                      "torch_threads=\"auto\" set while its env was open); the limit has none.")
     if args.busy:
         where = "each in a session of its own" if args.busy_apart else "in the bench's session"
@@ -133,7 +133,7 @@ def write_json(path: str, about: dict, args: argparse.Namespace, specs: list[str
         "settings": {"envs": specs, "num_envs": args.num_envs, "backends": args.backends,
                      "workers": options["num_workers"], "pin_workers": options["pin_workers"],
                      "seconds": args.seconds, "passes": args.passes, "atari": args.atari,
-                     "policy": args.policy, "busy": args.busy,
+                     "policy": args.policy, "policy_device": args.policy_device, "busy": args.busy,
                      "busy_apart": args.busy_apart, "async_batch": args.async_batch},
         # The limit: one plain single-env loop per usable CPU, all at once, summed (median of the passes).
         "machine_limit": {spec: limit["steps_per_s"] for spec, limit in limits.items()},
