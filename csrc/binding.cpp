@@ -2,10 +2,12 @@
 // waits, turns pending signals into exceptions, and runs the worker's serve
 // loop, which hands plain steps to the native stepper without returning to
 // Python.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <system_error>
@@ -23,6 +25,22 @@ using namespace shmvec;
 namespace {
 
 constexpr uint32_t kStepCommand = 1;
+
+// Env rows as send() and recv() hand them over: the int64 array of
+// env ids the front end already holds (a list is converted by numpy), read
+// without a Python object per row.
+using RowArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+std::vector<uint32_t> row_vector(const RowArray& rows) {
+  if (rows.ndim() != 1) throw std::invalid_argument("env rows must be 1-D");
+  std::vector<uint32_t> out(static_cast<std::size_t>(rows.shape(0)));
+  const int64_t* row = rows.data();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (row[i] < 0 || row[i] > UINT32_MAX) throw py::index_error("env row out of range");
+    out[i] = static_cast<uint32_t>(row[i]);
+  }
+  return out;
+}
 
 [[noreturn]] void throw_errno(int err, const char* what) {
   throw std::system_error(err, std::generic_category(), what);
@@ -129,7 +147,7 @@ class PyFrontChannel {
         std::move(owner_of_row));
     data_ = std::move(data);
   }
-  void send(const std::vector<uint32_t>& rows) { channel_.send(rows); }
+  void send(const RowArray& rows) { channel_.send(row_vector(rows)); }
   uint64_t sent_count() const { return channel_.sent_count(); }
   uint32_t finished_ready() const { return channel_.finished_ready(); }
   // Waits until `count` envs have finished, then pops them in finishing
@@ -166,9 +184,9 @@ class PyFrontChannel {
   }
   // The rows among `rows` whose async record is not empty (most steps have
   // none): one call per recv() instead of one per env.
-  std::vector<uint32_t> rows_with_records(const std::vector<uint32_t>& rows) const {
+  std::vector<uint32_t> rows_with_records(const RowArray& rows) const {
     std::vector<uint32_t> out;
-    for (uint32_t row : rows)
+    for (uint32_t row : row_vector(rows))
       if (region().record(check_row(row))->length) out.push_back(row);
     return out;
   }

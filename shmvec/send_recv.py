@@ -89,7 +89,7 @@ class SendRecv:
         steps = self._engine.async_steps
         sent = steps.sent_count
         try:
-            steps.send(ids.tolist())
+            steps.send(ids)
             self._in_flight[ids] = True
         except BaseException:
             if steps.sent_count != sent:  # Ctrl-C once they went: in flight, not to be sent twice
@@ -124,11 +124,11 @@ class SendRecv:
             if self._engine.restarted_rows:
                 self._send_again(self._engine.restarted_rows)
         reset_rows, step_rows = self._reset_ready[:resets], self._finished[:stepped]
+        rows = reset_rows + step_rows
+        ids = np.fromiter(rows, np.int64, len(rows))
         records = [self._reset_records[r] for r in reset_rows if r in self._reset_records]
         if step_rows:
-            records += steps.records(step_rows)
-        rows = reset_rows + step_rows
-        ids = np.array(rows, dtype=np.int64)
+            records += steps.records(ids[resets:])
         infos = vectorize_batch(self._io, records, rows)  # first: it stores observation leaves without a fixed shape
         infos["env_id"] = ids
         io = self._io
@@ -161,4 +161,4 @@ class SendRecv:
         finished = set(self._finished)  # came back before the failure: received as they are
         lost = [row for row in restarted if self._in_flight[row] and row not in finished]
         self._io.restore(lost)  # the failed worker may have written some of their rows
-        self._engine.async_steps.send(lost)
+        self._engine.async_steps.send(np.array(lost, dtype=np.int64))

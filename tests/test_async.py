@@ -294,3 +294,23 @@ def test_each_mode_refuses_the_other_modes_calls_with_a_clear_error(closing):
                           (lambda: async_envs.step(np.zeros(4, dtype=np.int64)), "send/recv")):
         with pytest.raises(RuntimeError, match=f"is for synchronous stepping.*use {instead}"):
             call()
+
+
+def test_the_async_channel_takes_env_rows_as_an_array_and_checks_each(closing):
+    # send() hands the channel its int64 env ids as they are (no Python int
+    # per env), and recv() its finished rows: every row is still checked.
+    envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, batch_size=2, num_workers=1)
+    closing(envs)
+    channel = envs._engine.pool.channel
+    for bad, error in [(np.array([4]), IndexError), (np.array([-1]), IndexError),
+                       (np.array([2**32]), IndexError), (np.zeros((1, 1), np.int64), ValueError)]:
+        for call in (channel.send, channel.rows_with_records):
+            with pytest.raises(error, match="env rows must be 1-D|env row out of range"):
+                call(bad)
+    assert channel.sent_count == 0
+    assert channel.rows_with_records(np.arange(4)) == [] and channel.rows_with_records([0, 1]) == []
+    receive_resets(envs)
+    envs.send(np.zeros(4, dtype=np.int64), np.arange(4))
+    for _ in range(10):  # the envs flow as before
+        envs.send(np.zeros(2, dtype=np.int64), envs.recv()[4]["env_id"])
+    assert channel.sent_count == 4 + 10 * 2

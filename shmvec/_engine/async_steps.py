@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from shmvec import _core
 from shmvec._engine import protocol as P
 from shmvec._engine.cycle import ENV_RAISED, INTERRUPTED
@@ -47,8 +49,9 @@ class AsyncSteps:
         self._progress = [(0, time.monotonic())] * engine.num_workers
         self._next_check = 0.0
 
-    def send(self, rows: list[int]) -> None:
-        """Queues envs (whose actions are in the arena) to their workers."""
+    def send(self, rows: np.ndarray) -> None:
+        """Queues envs (whose actions are in the arena) to their workers;
+        `rows` is an int64 array, read natively with no Python int per env."""
         self._engine.cycle.check_usable()
         self._engine.check_owner()
         if self._pool.restart:
@@ -118,9 +121,9 @@ class AsyncSteps:
         self._engine.cycle.check_usable()
         return self._channel.wait_finished(count, self._pool.sentinels, timeout) != -1
 
-    def records(self, rows: list[int]) -> list[StepRecord]:
-        """The records of the envs of `rows` that have one, in that order
-        (see record())."""
+    def records(self, rows: np.ndarray) -> list[StepRecord]:
+        """The records of the envs of `rows` (an int64 array) that have one,
+        in that order (see record())."""
         return [self.record(row) for row in self._channel.rows_with_records(rows)]
 
     def record(self, row: int) -> StepRecord | None:
@@ -158,9 +161,9 @@ class CallerSteps:
         self._taken = 0  # envs taken from the queue: with it, sent_count
         self._records: dict[int, StepRecord] = {}
 
-    def send(self, rows: list[int]) -> None:
+    def send(self, rows: np.ndarray) -> None:
         self._engine.cycle.check_usable()
-        self._queue += rows
+        self._queue += rows.tolist()
 
     @property
     def sent_count(self) -> int:
@@ -202,8 +205,8 @@ class CallerSteps:
             time.sleep(self.POLL_S)
         return len(self._queue) >= count
 
-    def records(self, rows: list[int]) -> list[StepRecord]:
+    def records(self, rows: np.ndarray) -> list[StepRecord]:
         """The records of the envs of `rows` that have one (most steps have none)."""
         if not self._records:
             return []
-        return [self._records.pop(row) for row in rows if row in self._records]
+        return [self._records.pop(row) for row in rows.tolist() if row in self._records]
