@@ -166,6 +166,9 @@ def test_pinned_limit_says_which_cpu_each_loop_ran_on():
     limit = measure.concurrent_limit("shmvec.testing:NoopEnv", 0.05, processes=len(cpus), pin=True)
     assert limit["cpus"] == cpus and len(limit["loops"]) == len(cpus) and min(limit["loops"]) > 0
     assert "cpus" not in measure.concurrent_limit("shmvec.testing:NoopEnv", 0.05, processes=1)
+    too_many = len(os.sched_getaffinity(0)) + 1
+    with pytest.raises(ValueError, match=f"pin=True needs a CPU per loop: {too_many} loops"):
+        measure.concurrent_limit("shmvec.testing:NoopEnv", 0.05, processes=too_many, pin=True)
 
 
 def test_actions_do_not_cycle_within_an_episode_and_stay_small():

@@ -238,7 +238,12 @@ def concurrent_limit(spec: str, seconds: float, atari: bool = False, processes: 
     count = processes or usable_cpus()
     shares = [len(rows) for rows in split_slices(num_envs, count)] if num_envs else [1] * count
     shares = [share for share in shares if share]
-    cpus = sorted(os.sched_getaffinity(0))[:len(shares)] if pin else [None] * len(shares)
+    cpus: list = [None] * len(shares)
+    if pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(shares) > len(cpus):
+            raise ValueError(f"pin=True needs a CPU per loop: {len(shares)} loops, {len(cpus)} CPUs")
+        cpus = cpus[:len(shares)]
     workers = [FreshProcess() for _ in shares]
     try:
         for process, share, cpu in zip(workers, shares, cpus):

@@ -94,6 +94,8 @@ def _device_missing(device: str) -> str | None:
     """Why torch cannot run a policy on `device` here, or None if it can.
     (The bench's measurements run in spawned processes: torch's state in
     this one does not reach them.)"""
+    if device == "cpu":
+        return None  # (no torch import in this process for the default)
     import torch
 
     try:
