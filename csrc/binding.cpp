@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -40,6 +41,28 @@ std::vector<uint32_t> row_vector(const RowArray& rows) {
     out[i] = static_cast<uint32_t>(row[i]);
   }
   return out;
+}
+
+// What is wrong with send()'s env ids, checked against the envs in flight (a
+// bool per env) in three passes over them, in the order the front end reports
+// it: 0 nothing, 1 one out of [0, num_envs), 2 one repeated, 3 one in flight.
+// One native call instead of a few numpy reductions on every send().
+int env_ids_problem(const RowArray& ids, const py::array_t<bool, py::array::c_style>& in_flight) {
+  if (ids.ndim() != 1 || in_flight.ndim() != 1) throw std::invalid_argument("env ids and the mask must be 1-D");
+  const int64_t num_envs = in_flight.shape(0);
+  const int64_t* id = ids.data();
+  const py::ssize_t count = ids.shape(0);
+  for (py::ssize_t i = 0; i < count; ++i)
+    if (id[i] < 0 || id[i] >= num_envs) return 1;
+  std::vector<uint8_t> seen(static_cast<std::size_t>(num_envs), 0);
+  for (py::ssize_t i = 0; i < count; ++i) {
+    if (seen[id[i]]) return 2;
+    seen[id[i]] = 1;
+  }
+  const bool* busy = in_flight.data();
+  for (py::ssize_t i = 0; i < count; ++i)
+    if (busy[id[i]]) return 3;
+  return 0;
 }
 
 [[noreturn]] void throw_errno(int err, const char* what) {
@@ -104,6 +127,32 @@ int checked(int status) {
   return status;
 }
 
+// Async mode's envs that finished and are not yet handed to the user, in the
+// order they finished. recv() appends the rows it pops from the rings in the
+// same native call (no Ctrl-C can land between); the front end reads them as
+// int64 arrays, with no Python int per env.
+class RowQueue {
+ public:
+  std::size_t size() const { return rows_.size(); }
+  // The first `n` rows, as a new int64 array.
+  py::array_t<int64_t> head(std::size_t n) const {
+    if (n > rows_.size()) throw py::index_error("fewer rows queued than asked for");
+    py::array_t<int64_t> out(static_cast<py::ssize_t>(n));
+    std::copy_n(rows_.begin(), n, out.mutable_data());
+    return out;
+  }
+  void drop(std::size_t n) { rows_.erase(rows_.begin(), rows_.begin() + std::min(n, rows_.size())); }
+  void clear() { rows_.clear(); }
+  void extend(const RowArray& rows) {
+    if (rows.ndim() != 1) throw std::invalid_argument("env rows must be 1-D");
+    rows_.insert(rows_.end(), rows.data(), rows.data() + rows.shape(0));
+  }
+  void extend(const std::vector<uint32_t>& rows) { rows_.insert(rows_.end(), rows.begin(), rows.end()); }
+
+ private:
+  std::vector<int64_t> rows_;
+};
+
 // The front end's channel, bound to the mappings it points into.
 class PyFrontChannel {
  public:
@@ -155,15 +204,18 @@ class PyFrontChannel {
   // 0; nothing is popped otherwise, so an interrupted wait loses no env. No
   // Python code runs between the pop and the append, so no Ctrl-C can land
   // between them either.
-  int recv(uint32_t count, const std::vector<int>& sentinels, double timeout_s, py::list into) {
+  int recv(uint32_t count, const std::vector<int>& sentinels, double timeout_s, RowQueue& into) {
     const int status = wait_finished(count, sentinels, timeout_s);
     if (status != kReady) return status;
-    for (uint32_t row : channel_.pop_finished(count)) into.append(row);
+    into.extend(channel_.pop_finished(count));
     return status;
   }
   // Waits as recv() does, popping nothing: a WaitStatus. Only reads the
   // rings, so another thread may send() meanwhile (a Ray actor does).
   int wait_finished(uint32_t count, const std::vector<int>& sentinels, double timeout_s) {
+    // Already there (the usual case when the workers keep ahead): no wait, so
+    // the GIL is kept; letting it go and taking it back costs more than this.
+    if (channel_.async_region().base && channel_.finished_ready() >= count) return kReady;
     int status;
     {
       py::gil_scoped_release nogil;
@@ -363,7 +415,7 @@ PYBIND11_MODULE(_core, m) {
     for (Mapping* m : all_mappings()) m->unmap();
   }, "Unmaps every arena mapping of this process for good (the objects stay, empty): for a "
      "worker made by fork, whose inherited mappings are its parent's, before it maps its own.");
-  m.def("run_holding_interrupt", [](const py::function& fn) {
+  m.def("run_holding_interrupt", [](const py::function& fn, const py::args& args) {
     // A Ctrl-C that came before is raised here, fn not called; one during fn
     // waits for it to return (a second stops it: see platform::hold_interrupt).
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
@@ -376,12 +428,15 @@ PYBIND11_MODULE(_core, m) {
       }
     } release_on_throw{released};
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // came as the hold began
-    fn();
+    fn(*args);  // (arguments, not a closure: a closure's cells cost more than the call)
     released = true;
     if (platform::release_interrupt() && PyErr_CheckSignals() != 0) throw py::error_already_set();
   }, py::arg("fn"),
-     "Calls fn() with Ctrl-C held: a KeyboardInterrupt that would cut an env's step in two is "
+     "Calls fn(*args) with Ctrl-C held: a KeyboardInterrupt that would cut an env's step in two is "
      "raised once fn returns; a second Ctrl-C interrupts fn at once.");
+  m.def("env_ids_problem", &env_ids_problem, py::arg("ids"), py::arg("in_flight"),
+        "What is wrong with send()'s env ids: 0 nothing, 1 one is out of range, 2 one is repeated, "
+        "3 one is in flight (`in_flight`: a bool per env).");
   m.def("info_batch", &info_batch, py::arg("flags"), py::arg("columns"),
         "The infos of a step from its info columns, as VectorEnv._add_info builds them (see "
         "csrc/info_columns.hpp).");
@@ -395,6 +450,14 @@ PYBIND11_MODULE(_core, m) {
         return py::buffer_info(self.base(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(self.size())}, {1});
       });
+
+  py::class_<RowQueue>(m, "RowQueue")
+      .def(py::init<>())
+      .def("__len__", &RowQueue::size)
+      .def("head", &RowQueue::head, py::arg("n"))
+      .def("drop", &RowQueue::drop, py::arg("n"))
+      .def("clear", &RowQueue::clear)
+      .def("extend", py::overload_cast<const RowArray&>(&RowQueue::extend), py::arg("rows"));
 
   py::class_<PyFrontChannel>(m, "FrontChannel")
       .def(py::init<std::shared_ptr<Mapping>, uint32_t, uint64_t, uint64_t, bool>(),

@@ -32,19 +32,6 @@ AsyncRegion::AsyncRegion(char* b, uint32_t envs, uint32_t workers, uint64_t reco
     : base(b), num_envs(envs), num_workers(workers), capacity(pow2_at_least(envs)),
       record_capacity(record_cap) {}
 
-std::size_t AsyncRegion::finished_offset() const {
-  return sizeof(Ring) + round_up(capacity * sizeof(uint32_t), kLine);
-}
-std::size_t AsyncRegion::worker_stride() const {
-  return finished_offset() + sizeof(Ring) + round_up(capacity * sizeof(FinishedItem), kLine);
-}
-std::size_t AsyncRegion::records_offset() const {
-  return sizeof(AsyncHeader) + num_workers * worker_stride();
-}
-std::size_t AsyncRegion::record_stride() const {
-  return sizeof(RecordSlot) + round_up(record_capacity, kLine);
-}
-
 std::size_t AsyncRegion::size(uint32_t envs, uint32_t workers, uint64_t record_cap) {
   AsyncRegion r(nullptr, envs, workers, record_cap);
   return r.records_offset() + envs * r.record_stride();
@@ -279,6 +266,7 @@ std::vector<uint32_t> FrontChannel::pop_finished(uint32_t count) {
     uint32_t row, worker;
   };
   std::vector<Pending> ready;
+  ready.reserve(owner_.size());  // at most every env: one allocation
   const uint32_t mask = async_.capacity - 1;
   for (uint32_t w = 0; w < seq_.size(); ++w) {
     Ring* r = async_.finished(w);

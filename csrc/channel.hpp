@@ -85,11 +85,14 @@ struct AsyncRegion {
   char* record_data(uint32_t row) const { return reinterpret_cast<char*>(record(row) + 1); }
 
  private:
+  // Inline: send() and recv() find every env's ring and record slot with them.
   char* worker_area(uint32_t w) const { return base + sizeof(AsyncHeader) + w * worker_stride(); }
-  std::size_t finished_offset() const;
-  std::size_t worker_stride() const;
-  std::size_t records_offset() const;
-  std::size_t record_stride() const;
+  std::size_t finished_offset() const { return sizeof(Ring) + round_up(capacity * sizeof(uint32_t), kLine); }
+  std::size_t worker_stride() const {
+    return finished_offset() + sizeof(Ring) + round_up(capacity * sizeof(FinishedItem), kLine);
+  }
+  std::size_t records_offset() const { return sizeof(AsyncHeader) + num_workers * worker_stride(); }
+  std::size_t record_stride() const { return sizeof(RecordSlot) + round_up(record_capacity, kLine); }
 };
 
 // How a wait ended.

@@ -19,7 +19,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 
 from shmvec import _sb3_env
 from shmvec._engine.batch_io import BatchIO
-from shmvec._engine.cycle import CommandCycle, Phase
+from shmvec._engine.cycle import WAITING_STEP, CommandCycle
 from shmvec._engine.engine import Engine
 from shmvec._engine.env_slice import AUTORESET_CODES
 
@@ -176,7 +176,7 @@ class ShmVecEnv(VecEnv):
         if self._waiting:
             self._waiting = False
             return self._engine.step(self._object_actions, build=self._step_results)
-        if self._engine.cycle.phase is Phase.WAITING_STEP:  # Ctrl-C interrupted the step: collect it
+        if self._engine.cycle.phase is WAITING_STEP:  # Ctrl-C interrupted the step: collect it
             return self._engine.finish(build=self._step_results)
         raise RuntimeError("step_wait() needs a step_async(actions) first")
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from shmvec import _core
-from shmvec._engine.cycle import Phase
+from shmvec._engine.cycle import IDLE, NEEDS_RESET, WAITING_RESET
 from shmvec.contract import check_async, checked_env_ids, seeds_for
 from shmvec.step_infos import vectorize_batch
 
@@ -27,7 +27,7 @@ class SendRecv:
         # them yet: a Ctrl-C cut it short); envs reset by async_reset()
         # waiting to be received, with their reset records.
         self._in_flight = np.zeros(self.num_envs, dtype=np.bool_)
-        self._finished: list[int] = []
+        self._finished = _core.RowQueue()
         self._reset_ready: list[int] = []
         self._reset_records: dict[int, tuple] = {}
         self._handed_out: tuple | None = None  # a batch recv() made and a Ctrl-C kept from the user
@@ -47,7 +47,7 @@ class SendRecv:
         # are kept in _finished until marked, so that a Ctrl-C anywhere here
         # leaves none in flight that no worker will return.
         while True:
-            self._in_flight[self._finished] = False
+            self._in_flight[self._finished.head(len(self._finished))] = False
             self._finished.clear()
             if not self._in_flight.any():
                 break
@@ -62,12 +62,12 @@ class SendRecv:
         """Whether recv() holds envs it can hand out without waiting (reset
         results, envs an interrupted recv() had gathered, or the batch it was
         handing out)."""
-        return bool(self._reset_ready or self._finished) or self._handed_out is not None
+        return bool(self._reset_ready or len(self._finished)) or self._handed_out is not None
 
     def _finish_interrupted_reset(self) -> None:
         """A Ctrl-C cut async_reset() short while the workers reset: its
         results are collected as if it had returned."""
-        if self._cycle.phase is Phase.WAITING_RESET:
+        if self._cycle.phase is WAITING_RESET:
             self._reset_received(self._engine.finish())
 
     def _reset_received(self, records: list) -> None:
@@ -81,8 +81,9 @@ class SendRecv:
 
     def send(self, actions: Any, env_ids: Any) -> None:
         """Hands envs `env_ids` their next actions and returns at once."""
-        self._finish_interrupted_reset()
-        self._cycle.check_steppable("send")
+        if self._cycle.phase is not IDLE:  # an interrupted async_reset() to finish, or a refusal
+            self._finish_interrupted_reset()
+            self._cycle.check_steppable("send")
         check_async(self, "send")
         ids = checked_env_ids(env_ids, self.num_envs, self._in_flight, self._reset_ready)
         self._io.write_actions(actions, ids)
@@ -100,15 +101,16 @@ class SendRecv:
         """Waits for ``batch_size`` envs to finish and returns their
         (observations, rewards, terminations, truncations, infos), in the
         order they finished; ``infos["env_id"]`` says which envs they are."""
-        self._finish_interrupted_reset()
-        self._cycle.check_usable()
+        if self._cycle.phase is not IDLE:  # an interrupted async_reset() to finish, or a refusal
+            self._finish_interrupted_reset()
+            self._cycle.check_usable()
         check_async(self, "recv")
         if self._handed_out is not None:  # a Ctrl-C came as the last recv() returned it
             result, self._handed_out = self._handed_out, None
             return result
         available = len(self._reset_ready) + int(np.count_nonzero(self._in_flight))
         if available < self.batch_size:
-            if self._cycle.phase is Phase.NEEDS_RESET:
+            if self._cycle.phase is NEEDS_RESET:
                 raise RuntimeError(self._cycle.why)
             raise RuntimeError(
                 f"recv() needs {self.batch_size} envs in flight, but only {available} are: "
@@ -123,31 +125,33 @@ class SendRecv:
             steps.recv(stepped - len(self._finished), self._finished)
             if self._engine.restarted_rows:
                 self._send_again(self._engine.restarted_rows)
-        reset_rows, step_rows = self._reset_ready[:resets], self._finished[:stepped]
-        rows = reset_rows + step_rows
-        ids = np.fromiter(rows, np.int64, len(rows))
-        records = [self._reset_records[r] for r in reset_rows if r in self._reset_records]
-        if step_rows:
-            records += steps.records(ids[resets:])
-        infos = vectorize_batch(self._io, records, rows)  # first: it stores observation leaves without a fixed shape
+        ids = self._finished.head(stepped)
+        records = steps.records(ids) if stepped else []
+        if resets:
+            reset_rows = self._reset_ready[:resets]
+            ids = np.concatenate((np.array(reset_rows, dtype=np.int64), ids))
+            records = [self._reset_records[r] for r in reset_rows if r in self._reset_records] + records
+        infos = vectorize_batch(self._io, records, ids)  # first: it stores observation leaves without a fixed shape
         infos["env_id"] = ids
         io = self._io
         result = (io.observations_at(ids), io.rewards.take(ids), io.terminations.take(ids),
                   io.truncations.take(ids), infos)
         if self._restarts:
             io.remember(ids)
-
-        def hand_out() -> None:  # the envs are the user's again
-            del self._reset_ready[:resets], self._finished[:stepped]
-            for row in reset_rows:
-                self._reset_records.pop(row, None)
-            self._in_flight[ids[resets:]] = False
-            self._handed_out = result
-
         # With Ctrl-C held: one meanwhile leaves the batch to the next recv().
-        _core.run_holding_interrupt(hand_out)
+        _core.run_holding_interrupt(self._hand_out, resets, stepped, ids, result)
         self._handed_out = None
         return result
+
+    def _hand_out(self, resets: int, stepped: int, ids: np.ndarray, result: tuple) -> None:
+        """The envs of the batch recv() made are the user's again."""
+        if resets:
+            for row in self._reset_ready[:resets]:
+                self._reset_records.pop(row, None)
+            del self._reset_ready[:resets]
+        self._finished.drop(stepped)
+        self._in_flight[ids[resets:]] = False
+        self._handed_out = result
 
     def _send_lost(self) -> None:
         """In async mode, after a command during which workers were replaced."""
@@ -158,7 +162,7 @@ class SendRecv:
         """Fresh workers replaced failed ones: the envs they had in flight
         go again, to come back with their restart reports (which ignore the
         action); the others report at their next send()."""
-        finished = set(self._finished)  # came back before the failure: received as they are
+        finished = set(self._finished.head(len(self._finished)).tolist())  # came back before the failure: kept
         lost = [row for row in restarted if self._in_flight[row] and row not in finished]
         self._io.restore(lost)  # the failed worker may have written some of their rows
         self._engine.async_steps.send(np.array(lost, dtype=np.int64))

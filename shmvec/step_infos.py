@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from shmvec import _gym_compat as compat
 from shmvec._engine.batch_io import BatchIO
 from shmvec._engine.info_columns import InfoColumns
@@ -61,13 +63,13 @@ def vectorize(target: VectorEnv, io: BatchIO, records: list[StepRecord],
     return infos
 
 
-def vectorize_batch(io: BatchIO, records: list[StepRecord], rows: list[int]) -> dict[str, Any]:
+def vectorize_batch(io: BatchIO, records: list[StepRecord], rows: np.ndarray) -> dict[str, Any]:
     """Like vectorize, for a batch of async results: `rows` are the batch's
     envs in their order in it."""
     if not records:  # most batches: no env returned infos
         return {}
     batch = _InfoBatch(len(rows))
-    position = {row: i for i, row in enumerate(rows)}
+    position = {row: i for i, row in enumerate(rows.tolist())}
     infos: dict[str, Any] = {}
     for r in sorted(records, key=lambda r: position[r.row]):
         final_obs = io.final_obs(r.row, r.final_obs) if r.ended else None

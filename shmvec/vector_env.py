@@ -15,7 +15,7 @@ from gymnasium.vector.utils import batch_space
 from shmvec import _gym_compat as compat
 from shmvec._gym_compat import AutoresetMode, VectorEnv
 from shmvec._engine.batch_io import BatchIO
-from shmvec._engine.cycle import CommandCycle, Phase
+from shmvec._engine.cycle import IDLE, WAITING_CALL, WAITING_RESET, WAITING_STEP, CommandCycle
 from shmvec._engine.engine import CLOSE_GRACE_S, Engine
 from shmvec._engine.env_slice import AUTORESET_CODES
 from shmvec.contract import AttributesByCall, check_sync, checked_reset_mask, seeds_for
@@ -254,7 +254,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         `seed` and `options` are ignored, as by AsyncVectorEnv of Gymnasium
         0.29 (whose ``VectorEnv.reset`` passes them on): give them to
         ``reset_async()``."""
-        self._cycle.check_waiting(Phase.WAITING_RESET)
+        self._cycle.check_waiting(WAITING_RESET)
         records = self._finish(timeout)
         mask = self._reset_mask
         if mask is None:
@@ -276,7 +276,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
     def step_async(self, actions: Any) -> None:
         """Hands every env its action and returns at once (the caller's own
         slice of envs, if any, steps in ``step_wait()``)."""
-        if self._cycle.phase is not Phase.IDLE:
+        if self._cycle.phase is not IDLE:
             self._cycle.check_steppable()
         if self._async_mode:
             check_sync(self, "step", "send/recv")
@@ -291,8 +291,8 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
     def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """The results of ``step_async()``. After `timeout` seconds,
         ``TimeoutError`` (the step stays pending: call ``step_wait()`` again)."""
-        if self._cycle.phase is not Phase.WAITING_STEP:
-            self._cycle.check_waiting(Phase.WAITING_STEP)
+        if self._cycle.phase is not WAITING_STEP:
+            self._cycle.check_waiting(WAITING_STEP)
         # (No step in async mode: nothing to send again.) The batch is made
         # with Ctrl-C held: one then leaves it for the next step_wait().
         return self._engine.finish(timeout, build=self._step_results)
@@ -356,7 +356,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
         """The results of ``call_async()``, one per env. After `timeout`
         seconds, ``TimeoutError`` (the call stays pending)."""
-        self._cycle.check_waiting(Phase.WAITING_CALL)
+        self._cycle.check_waiting(WAITING_CALL)
         return tuple(self._finish(timeout))
 
     def _set_attr(self, name: str, values: list[Any]) -> None:

@@ -16,6 +16,7 @@ from gymnasium.vector import SyncVectorEnv
 from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id, needs_gymnasium_1
 
 import shmvec
+from shmvec import _core
 from shmvec.testing import SpacesEnv, StragglerEnv
 
 
@@ -294,6 +295,24 @@ def test_each_mode_refuses_the_other_modes_calls_with_a_clear_error(closing):
                           (lambda: async_envs.step(np.zeros(4, dtype=np.int64)), "send/recv")):
         with pytest.raises(RuntimeError, match=f"is for synchronous stepping.*use {instead}"):
             call()
+
+
+def test_row_queue_keeps_finished_rows_in_order():
+    # recv() pops finished envs into a RowQueue; the front end reads and
+    # drops them from its head once they are handed out.
+    queue = _core.RowQueue()
+    assert len(queue) == 0 and queue.head(0).dtype == np.int64
+    queue.extend(np.array([5, 2], dtype=np.int64))
+    queue.extend([7])
+    assert len(queue) == 3 and queue.head(2).tolist() == [5, 2] and queue.head(3).tolist() == [5, 2, 7]
+    with pytest.raises(IndexError, match="fewer rows"):
+        queue.head(4)
+    with pytest.raises(ValueError, match="1-D"):
+        queue.extend(np.zeros((1, 1), np.int64))
+    queue.drop(2)
+    assert queue.head(len(queue)).tolist() == [7]
+    queue.clear()
+    assert len(queue) == 0
 
 
 def test_the_async_channel_takes_env_rows_as_an_array_and_checks_each(closing):

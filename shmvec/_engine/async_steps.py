@@ -63,7 +63,7 @@ class AsyncSteps:
         """Envs sent so far (a send cut short by Ctrl-C went if it moved on)."""
         return self._channel.sent_count
 
-    def recv(self, count: int, into: list[int], discard: bool = False) -> None:
+    def recv(self, count: int, into: _core.RowQueue, discard: bool = False) -> None:
         """Waits for `count` envs to finish and appends their rows to `into`
         in finishing order, in one native call: a Ctrl-C cannot land between
         taking them and keeping them. (`discard`, their results to be
@@ -169,32 +169,30 @@ class CallerSteps:
     def sent_count(self) -> int:
         return self._taken + len(self._queue)
 
-    def recv(self, count: int, into: list[int], discard: bool = False) -> None:
+    def recv(self, count: int, into: _core.RowQueue, discard: bool = False) -> None:
         """Steps the first `count` envs queued and appends their rows to
         `into`. With `discard` (async_reset() drops their results) they are
         not stepped. A Ctrl-C during the steps is held until the rows are in
         `into` (see CommandRunner._run_caller_slice); an env that raises, or
         a second Ctrl-C, leaves the batch half done, as a worker's env does,
         and its envs queued for async_reset() to discard."""
-        cycle = self._engine.cycle
-        cycle.check_usable()
+        self._engine.cycle.check_usable()
         self._engine.restarted_rows = []
+        _core.run_holding_interrupt(self._take, count, into, discard)
 
-        def take() -> None:
-            rows = self._queue[:count]
-            if not discard:
-                try:
-                    records = self._envs.step_rows(rows)
-                except BaseException as exc:
-                    cycle.half_done(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else ENV_RAISED)
-                    raise
-                for record in records:
-                    self._records[record[0]] = StepRecord._make(record)
-            del self._queue[:count]  # in place: no copy of the envs still queued
-            self._taken += len(rows)
-            into.extend(rows)
-
-        _core.run_holding_interrupt(take)
+    def _take(self, count: int, into: _core.RowQueue, discard: bool) -> None:
+        rows = self._queue[:count]
+        if not discard:
+            try:
+                records = self._envs.step_rows(rows)
+            except BaseException as exc:
+                self._engine.cycle.half_done(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else ENV_RAISED)
+                raise
+            for record in records:
+                self._records[record[0]] = StepRecord._make(record)
+        del self._queue[:count]  # in place: no copy of the envs still queued
+        self._taken += len(rows)
+        into.extend(rows)
 
     def wait_finished(self, count: int, timeout: float) -> bool:
         """Whether `count` envs are queued, the next recv() steps them

@@ -22,7 +22,7 @@ import numpy as np
 
 from shmvec import _core
 from shmvec._engine import protocol as P
-from shmvec._engine.cycle import ENV_RAISED, INTERRUPTED, Phase
+from shmvec._engine.cycle import BROKEN, ENV_RAISED, INTERRUPTED, WAITING_CALL, WAITING_RESET, WAITING_STEP
 from shmvec._engine.env_slice import EnvSlice
 from shmvec._engine.pool import still_pending
 from shmvec._engine.protocol import StepRecord
@@ -31,8 +31,8 @@ from shmvec.errors import ShmVecError, ShmVecTimeoutError
 __all__ = ["CommandRunner"]
 
 # The phase of the cycle while each kind of command is in flight.
-_PHASE_OF = {P.STEP: Phase.WAITING_STEP, P.RESET: Phase.WAITING_RESET, P.CALL: Phase.WAITING_CALL,
-             P.SET_ATTR: Phase.WAITING_CALL}
+_PHASE_OF = {P.STEP: WAITING_STEP, P.RESET: WAITING_RESET, P.CALL: WAITING_CALL,
+             P.SET_ATTR: WAITING_CALL}
 
 
 class _Command:
@@ -136,13 +136,13 @@ class CommandRunner:
             if not command.collected:
                 self._complete(command, timeout)
             if not command.built:
-                _core.run_holding_interrupt(lambda: self._collect(command, build))
+                _core.run_holding_interrupt(self._collect, command, build)
         except BaseException as exc:
             if self._command is not None:
                 raise  # a timeout, an interrupted wait, or a Ctrl-C held while the result was made: in flight
             if command.collected:
                 self.cycle.finish()  # `build` failed: as if it had run after finish() returned
-            elif self.cycle.phase is not Phase.BROKEN:
+            elif self.cycle.phase is not BROKEN:
                 if isinstance(exc, KeyboardInterrupt):  # the caller's own slice stopped mid-batch
                     self.cycle.half_done(INTERRUPTED)
                 elif isinstance(exc, Exception) and not isinstance(exc, ShmVecError) and command.code in (
@@ -173,7 +173,7 @@ class CommandRunner:
             try:
                 self.pool.wait(restart=True, call_timeout=timeout, call_deadline=deadline)
             except (ShmVecTimeoutError, KeyboardInterrupt) as exc:
-                if self.cycle.phase is not Phase.BROKEN:
+                if self.cycle.phase is not BROKEN:
                     raise  # still in flight: finish() may be called again
                 self._command = None
                 raise command.caller_error or exc
@@ -214,19 +214,17 @@ class CommandRunner:
         the command stays in flight (as after a Ctrl-C in the wait). A
         second Ctrl-C stops the slice at once (an env may hang): the batch
         is then half done."""
-        caller = self._caller
+        _core.run_holding_interrupt(self._caller_slice, command)
 
-        def run() -> None:
-            try:
-                command.caller_result = command.caller_fn(caller)
-            except Exception as exc:
-                command.caller_error = exc  # raised once the workers are done too
-            except BaseException:  # stopped mid-slice: workers finish; the next command waits them out
-                self._command = None
-                raise
-            command.caller_done = True
-
-        _core.run_holding_interrupt(run)
+    def _caller_slice(self, command: _Command) -> None:
+        try:
+            command.caller_result = command.caller_fn(self._caller)
+        except Exception as exc:
+            command.caller_error = exc  # raised once the workers are done too
+        except BaseException:  # stopped mid-slice: workers finish; the next command waits them out
+            self._command = None
+            raise
+        command.caller_done = True
 
     def _worker_replies(self, command: _Command) -> list[bytes]:
         """The workers' replies to a finished command; failed workers are

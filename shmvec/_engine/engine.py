@@ -22,7 +22,7 @@ from shmvec import _core
 from shmvec._engine import protocol as P
 from shmvec._engine.async_steps import RECORD_CAPACITY, AsyncSteps, CallerSteps
 from shmvec._engine.commands import CommandRunner, _Command
-from shmvec._engine.cycle import CommandCycle, Phase
+from shmvec._engine.cycle import BROKEN, CLOSED, CommandCycle
 from shmvec._engine.env_slice import EnvSlice, make_envs
 from shmvec._engine.info_columns import InfoColumns
 from shmvec._engine.layout import DataLayout
@@ -122,7 +122,7 @@ class Engine(CommandRunner):
 
     @property
     def closed(self) -> bool:
-        return self.cycle.phase is Phase.CLOSED
+        return self.cycle.phase is CLOSED
 
     @property
     def in_flight(self) -> bool:
@@ -243,7 +243,7 @@ class Engine(CommandRunner):
         was = self.cycle.close()
         self._command = None  # its results are not wanted any more: waited out below
         errors: list[BaseException] = []
-        graceful = bool(self.pool.processes) and not terminate and was is not Phase.BROKEN
+        graceful = bool(self.pool.processes) and not terminate and was is not BROKEN
         if graceful:
             # Bounded even if an env hangs and no timeout was set.
             self.pool.timeout = CLOSE_GRACE_S if self.pool.timeout < 0 else min(self.pool.timeout, CLOSE_GRACE_S)
