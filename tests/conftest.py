@@ -33,3 +33,26 @@ def closing():
     yield made.append
     for envs in made:
         envs.close()
+
+
+@pytest.fixture
+def idle_cpus(monkeypatch):
+    """For tests of what shmvec does where it may start workers: the
+    busy-CPU check finds none, whatever else runs on this machine (a CI
+    runner's other jobs). On a busy machine default envs start no worker and
+    pin nothing, and an explicit worker count gets a PerformanceWarning."""
+    from shmvec._engine import engine
+
+    monkeypatch.setattr(engine, "cpus_busy_elsewhere", lambda own_pids=(): 0)
+
+
+@pytest.fixture
+def idle_machine():
+    """Skips a test that measures this machine's real CPU load when other
+    programs keep a CPU busy before it starts: what it asserts holds only
+    beside idle CPUs."""
+    from shmvec._engine.system import cpus_busy_elsewhere
+
+    busy = cpus_busy_elsewhere()
+    if busy:
+        pytest.skip(f"other programs keep {busy} CPU(s) busy: this test needs them idle")

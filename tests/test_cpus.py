@@ -149,7 +149,7 @@ def test_a_cpu_held_elsewhere_is_skipped(tmpdir_only):
         release(held)
 
 
-def test_default_env_starts_unpinned_despite_a_planted_file(tmpdir_only, monkeypatch, closing):
+def test_default_env_starts_unpinned_despite_a_planted_file(tmpdir_only, idle_cpus, closing):
     """The reported failure: a file at the lock directory's path made every
     default ShmVecEnv raise FileExistsError."""
     with open(lock_dir(tmpdir_only), "w") as f:
@@ -210,7 +210,7 @@ def _spin_on(cpu: int, spinning) -> None:
         pass
 
 
-def test_shmvec_workers_are_not_counted_as_other_programs():
+def test_shmvec_workers_are_not_counted_as_other_programs(idle_machine):
     """The busy-CPU check leaves out shmvec's own workers (`own_pids`): a
     spinning process named there is not another program's load."""
     import multiprocessing as mp
@@ -234,7 +234,7 @@ def test_shmvec_workers_are_not_counted_as_other_programs():
 
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
-def test_a_second_env_made_at_once_gets_the_workers_of_the_first(start_method):
+def test_a_second_env_made_at_once_gets_the_workers_of_the_first(start_method, idle_machine):
     """A train env and then an eval env, made one after the other, get the
     same default worker count: the first env's workers, which start with a
     burst of CPU (OpenBLAS starts a thread that spins for about 100 ms when

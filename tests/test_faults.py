@@ -778,9 +778,13 @@ EXIT_SCRIPT = textwrap.dedent("""
     import weakref
     weakref.finalize(weakref, int)  # weakref's exit hook first: it runs after multiprocessing's
     import sys
+    import warnings
     import numpy as np
     import shmvec
     from fault_envs import FaultEnv
+
+    # On a busy machine two workers get a PerformanceWarning: not the point here.
+    warnings.filterwarnings("ignore", "shmvec found", shmvec.PerformanceWarning)
 
     if __name__ == "__main__":
         envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False,

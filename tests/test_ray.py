@@ -168,13 +168,14 @@ def test_slow_actor_does_not_stall_the_rest(closing):
     closing(envs)
     envs.async_reset(seed=0)
     counts = np.zeros(8, dtype=int)
-    start = time.monotonic()
     for _ in range(40):
         _, _, _, _, infos = envs.recv()
         ids = infos["env_id"]
         counts[ids] += 1
         envs.send(np.zeros(len(ids), dtype=np.int64), ids)
-    assert time.monotonic() - start < 3  # lock-step over both actors would take 40 x 0.3 s
+    # Lock-step over both actors would hand out as many slow envs as fast
+    # ones (and take 40 x 0.3 s); counts, not a wall-clock bound, so that a
+    # busy machine cannot fail it.
     assert counts[:4].sum() > 3 * counts[4:].sum(), counts
 
 

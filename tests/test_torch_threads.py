@@ -43,7 +43,10 @@ def run(body: str, cwd) -> dict:
 
 
 def performance_warnings(result: dict) -> list[str]:
-    return [message for category, message in result["caught"] if category == "PerformanceWarning"]
+    """The PerformanceWarnings caught, less the one a busy machine gives the
+    explicit worker (a CI runner's other jobs): not what these tests are about."""
+    return [message for category, message in result["caught"]
+            if category == "PerformanceWarning" and "kept busy by other programs" not in message]
 
 
 def test_auto_lowers_torch_threads_while_open_and_restores_them(tmp_path):
