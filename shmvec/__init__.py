@@ -16,3 +16,15 @@ __all__ = ["ShmVecEnv", "make", "WorkerDiedError", "ShmVecError", "PerformanceWa
 
 # Written once, in pyproject.toml; read from the installed package's metadata.
 __version__: str = _version("shmvec")
+
+# Reached as attributes after `import shmvec` alone (`shmvec.sb3.ShmVecEnv`),
+# but imported only then: they pull in Stable-Baselines3 (and torch) or Ray.
+_SUBMODULES = ("sb3", "ray", "testing")
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"shmvec.{name}")
+    raise AttributeError(f"module 'shmvec' has no attribute {name!r}")

@@ -9,7 +9,7 @@ import sys
 import warnings
 
 __all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError", "ShmVecTimeoutError", "PerformanceWarning",
-           "describe_exit", "warn_performance"]
+           "describe_exit", "warn_performance", "import_extra"]
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -22,6 +22,19 @@ def describe_exit(exitcode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-exitcode}"
     return f"exit code {exitcode}"
+
+
+def import_extra(module: str, needed_by: str, what: str, extra: str) -> None:
+    """Imports `module`, which an optional part of shmvec (`needed_by`)
+    needs; if it or one of its own dependencies is missing, the error names
+    the extra that installs them (the bare "No module named ..." does not)."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f'{needed_by} needs {what}, which did not import ({exc}): '
+                                  f'pip install "shmvec[{extra}]"', name=exc.name) from exc
 
 
 class ShmVecError(RuntimeError):

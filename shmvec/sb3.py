@@ -1,7 +1,7 @@
 """The Stable-Baselines3 front end: ``shmvec.sb3.ShmVecEnv``, a drop-in
 ``VecEnv`` (in place of ``DummyVecEnv`` or ``SubprocVecEnv``) over the same
-engine as ``shmvec.ShmVecEnv``. Import it explicitly: ``import shmvec`` never
-imports SB3 or torch."""
+engine as ``shmvec.ShmVecEnv``. ``import shmvec`` never imports SB3 or
+torch: this module does, on first use of ``shmvec.sb3``."""
 
 from __future__ import annotations
 
@@ -15,13 +15,22 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import concatenate, create_empty_array
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from shmvec import _sb3_env
 from shmvec._engine.batch_io import BatchIO
 from shmvec._engine.cycle import WAITING_STEP, CommandCycle
 from shmvec._engine.engine import Engine
 from shmvec._engine.env_slice import AUTORESET_CODES
+from shmvec.errors import import_extra
+
+import_extra("stable_baselines3", "shmvec.sb3", "Stable-Baselines3", "sb3")
+
+from stable_baselines3.common.vec_env.base_vec_env import (  # noqa: E402
+    VecEnv,
+    VecEnvIndices,
+    VecEnvObs,
+    VecEnvStepReturn,
+)
 
 __all__ = ["ShmVecEnv"]
 

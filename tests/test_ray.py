@@ -456,3 +456,16 @@ def test_close_releases_actors():
 def test_import_shmvec_does_not_import_ray():
     code = "import sys, shmvec; assert 'ray' not in sys.modules; import shmvec.ray; assert 'ray' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=TESTS)
+
+
+def test_ray_front_end_without_ray_names_the_extra():
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "try:\n    import shmvec.ray\nexcept ModuleNotFoundError as exc:\n    print(exc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=TESTS)
+    assert "shmvec.ray needs Ray" in out.stdout, out
+    assert 'pip install "shmvec[ray]"' in out.stdout, out
+
+
+def test_ray_front_end_is_reached_from_import_shmvec_alone():
+    code = "import shmvec; assert shmvec.ray.RayVecEnv.__name__ == 'RayVecEnv'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=TESTS)

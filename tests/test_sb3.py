@@ -488,6 +488,22 @@ def test_import_shmvec_does_not_import_sb3_or_torch(tmp_path):
     assert out.stdout.strip() == "[]"
 
 
+def test_sb3_front_end_is_reached_from_import_shmvec_alone(tmp_path):
+    # As the README writes it: `import shmvec`, then `shmvec.sb3.ShmVecEnv`.
+    code = ("import sys, shmvec; assert 'stable_baselines3' not in sys.modules; "
+            "from stable_baselines3.common.vec_env import VecEnv; "
+            "assert issubclass(shmvec.sb3.ShmVecEnv, VecEnv); assert not hasattr(shmvec, 'no_such_module')")
+    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+
+
+def test_sb3_front_end_without_sb3_names_the_extra(tmp_path):
+    code = ("import sys; sys.modules['stable_baselines3'] = None; import shmvec\n"
+            "try:\n    shmvec.sb3\nexcept ModuleNotFoundError as exc:\n    print(exc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert "shmvec.sb3 needs Stable-Baselines3" in out.stdout, out
+    assert 'pip install "shmvec[sb3]"' in out.stdout, out
+
+
 def test_workers_do_not_import_sb3_or_torch(closing):
     # forkserver workers start from a clean process: nothing but the env
     # factories may pull modules in, and shmvec's SB3 glue pulls in none.
