@@ -1,6 +1,7 @@
 """shmvec: step many reinforcement-learning environments in parallel through
 shared memory. ``shmvec.ShmVecEnv`` is a drop-in Gymnasium ``VectorEnv``."""
 
+from importlib import import_module as _import_module
 from importlib.metadata import version as _version
 
 # The built extension first: a source tree without it (a checkout beside an
@@ -24,7 +25,9 @@ _SUBMODULES = ("sb3", "ray", "testing")
 
 def __getattr__(name: str):
     if name in _SUBMODULES:
-        import importlib
-
-        return importlib.import_module(f"shmvec.{name}")
+        return _import_module(f"shmvec.{name}")
     raise AttributeError(f"module 'shmvec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES})
