@@ -1,0 +1,76 @@
+"""Ctrl-C at random moments, many times over: a training loop
+(tests/interrupted_loops.py) is hit with a SIGINT every few milliseconds,
+goes on after each as the README says, and must end with every env's
+trajectory exactly SyncVectorEnv's. tests/test_interrupts.py and
+tests/test_faults.py make a Ctrl-C land at each edge of a call; this finds
+the edges they do not name. One case of each mode runs by default, the
+whole grid with ``pytest -m slow``."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import skip_unless_gymnasium_1
+
+skip_unless_gymnasium_1("the storm's loop picks its autoreset mode")
+
+LOOPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interrupted_loops.py")
+
+
+def storm(args: list[str], seed: int, limit_s: float = 180.0) -> tuple[int, int]:
+    """Runs the loop, sending a SIGINT 2-20 ms (at random) after the loop
+    said the one before reached Python, until it exits; returns (the
+    interrupts its shmvec calls got, SIGINTs sent). One at a time: two at
+    once are the documented second Ctrl-C, which stops the caller's own
+    slice mid-batch."""
+    rng = random.Random(seed)
+    loop = subprocess.Popen([sys.executable, LOOPS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert loop.stdout.readline().strip() == "READY", loop.stderr.read()
+        sent, deadline, lines = 0, time.monotonic() + limit_s, []
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.002, 0.02))
+            if loop.poll() is not None:
+                break
+            loop.send_signal(signal.SIGINT)
+            sent += 1
+            line = loop.stdout.readline()  # "I": it reached Python (or the loop ended)
+            lines.append(line)
+            if line.strip() != "I":
+                break
+        out, err = loop.communicate(timeout=60)
+    finally:
+        if loop.poll() is None:
+            loop.kill()
+            loop.communicate()
+    out = "".join(lines) + out
+    assert loop.returncode == 0, f"exit {loop.returncode}\n{out[-2000:]}\n{err[-4000:]}"
+    ok = [line.split() for line in out.splitlines() if line.startswith("OK ")]
+    assert ok, out[-2000:]
+    return int(ok[0][1]), sent
+
+
+def grid(quick: tuple, *axes: list) -> list:
+    """Every combination of `axes`; all but `quick` run only with -m slow."""
+    return [combo if combo == quick else pytest.param(*combo, marks=pytest.mark.slow)
+            for combo in itertools.product(*axes)]
+
+
+@pytest.mark.parametrize("num_workers, autoreset", grid((1, "SameStep"), [0, 1, 2], ["NextStep", "SameStep"]))
+def test_lockstep_loses_no_step_to_ctrl_c_at_random_moments(num_workers, autoreset):
+    interrupts, sent = storm(["lockstep", "2000", "40", "16", str(num_workers), autoreset], seed=num_workers)
+    assert interrupts >= 40, (interrupts, sent)
+
+
+@pytest.mark.parametrize("num_workers, autoreset", grid((1, "NextStep"), [1, 2], ["NextStep", "SameStep"]))
+def test_async_mode_loses_no_env_to_ctrl_c_at_random_moments(num_workers, autoreset):
+    interrupts, sent = storm(["async", "1000", "40", "16", str(num_workers), autoreset, "8"], seed=num_workers)
+    assert interrupts >= 40, (interrupts, sent)
