@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
@@ -28,8 +29,6 @@ def import_extra(module: str, needed_by: str, what: str, extra: str) -> None:
     """Imports `module`, which an optional part of shmvec (`needed_by`)
     needs; if it or one of its own dependencies is missing, the error names
     the extra that installs them (the bare "No module named ..." does not)."""
-    import importlib
-
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as exc:
