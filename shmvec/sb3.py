@@ -182,12 +182,18 @@ class ShmVecEnv(VecEnv):
         bool dones, a list of info dicts), resetting ended episodes at once."""
         self._check_open()
         # The batch is made with Ctrl-C held: one then leaves it for the next step_wait().
-        if self._waiting:
+        engine = self._engine
+        if self._waiting and engine.cycle.phase is not WAITING_STEP:
+            engine.begin_step(self._object_actions)  # (Ctrl-C before the workers got it: it never began)
+        if engine.cycle.phase is WAITING_STEP:  # begun, here or by a step_wait() Ctrl-C interrupted
             self._waiting = False
-            return self._engine.step(self._object_actions, build=self._step_results)
-        if self._engine.cycle.phase is WAITING_STEP:  # Ctrl-C interrupted the step: collect it
-            return self._engine.finish(build=self._step_results)
-        raise RuntimeError("step_wait() needs a step_async(actions) first")
+            result = engine.finish(build=self._step_results)
+        else:
+            result = engine.unreturned_step()  # (a Ctrl-C came as the last step_wait() returned it)
+            if result is None:
+                raise RuntimeError("step_wait() needs a step_async(actions) first")
+        engine.handed_out = None  # returned (the last act: see Engine.finish)
+        return result
 
     def _step_results(self, records: list) -> VecEnvStepReturn:
         """The batch step_wait() returns, from the arena and the step's records."""

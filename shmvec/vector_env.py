@@ -271,7 +271,9 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         """Steps every env with its action; returns batched (observations,
         rewards, terminations, truncations, infos)."""
         self.step_async(actions)
-        return self.step_wait()
+        result = self._wait_step(None)
+        self._engine.handed_out = None  # returned (the last act: see Engine.finish)
+        return result
 
     def step_async(self, actions: Any) -> None:
         """Hands every env its action and returns at once (the caller's own
@@ -291,7 +293,15 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
     def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """The results of ``step_async()``. After `timeout` seconds,
         ``TimeoutError`` (the step stays pending: call ``step_wait()`` again)."""
+        result = self._wait_step(timeout)
+        self._engine.handed_out = None  # returned (the last act: see Engine.finish)
+        return result
+
+    def _wait_step(self, timeout: float | None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         if self._cycle.phase is not WAITING_STEP:
+            unreturned = self._engine.unreturned_step()
+            if unreturned is not None:  # a Ctrl-C came as the last step() returned it
+                return unreturned
             self._cycle.check_waiting(WAITING_STEP)
         # (No step in async mode: nothing to send again.) The batch is made
         # with Ctrl-C held: one then leaves it for the next step_wait().

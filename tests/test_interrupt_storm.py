@@ -20,20 +20,22 @@ import pytest
 from helpers import skip_unless_gymnasium_1
 
 skip_unless_gymnasium_1("the storm's loop picks its autoreset mode")
-# Under 3.10 one of CI's runs lost a step once (2026-11-26, issue 11's note):
-# before 3.11 Python may raise a pending KeyboardInterrupt between almost any
-# two bytecodes, so likely on the way back from a step() whose result shmvec
-# had already handed out; not yet told apart from a fault of shmvec's.
-if sys.version_info < (3, 11):
-    pytest.skip("Python 3.10: a step lost once, cause not yet found (see the module)", allow_module_level=True)
+# Before 3.11 Python raises a SIGINT also as a function returns into its
+# caller. shmvec keeps a result until its call has returned it (see
+# tests/test_interrupt_sweep.py), but a SIGINT as step() returns into the
+# loop's own frame loses the result there: the lock-step loop counts such
+# steps and skips them. A recv() batch lost so would leave its envs waiting
+# for a send() that the loop cannot make.
+BEFORE_311 = sys.version_info < (3, 11)
 
 LOOPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "interrupted_loops.py")
 
 
-def storm(args: list[str], seed: int, limit_s: float = 180.0) -> tuple[int, int]:
+def storm(args: list[str], seed: int, limit_s: float = 180.0) -> tuple[int, int, int]:
     """Runs the loop, sending a SIGINT 2-20 ms (at random) after the loop
     said the one before reached Python, until it exits; returns (the
-    interrupts its shmvec calls got, SIGINTs sent). One at a time: two at
+    interrupts its shmvec calls got, the steps whose results Python lost in
+    the loop's frame, SIGINTs sent). One at a time: two at
     once are the documented second Ctrl-C, which stops the caller's own
     slice mid-batch."""
     rng = random.Random(seed)
@@ -61,7 +63,7 @@ def storm(args: list[str], seed: int, limit_s: float = 180.0) -> tuple[int, int]
     assert loop.returncode == 0, f"exit {loop.returncode}\n{out[-2000:]}\n{err[-4000:]}"
     ok = [line.split() for line in out.splitlines() if line.startswith("OK ")]
     assert ok, out[-2000:]
-    return int(ok[0][1]), sent
+    return int(ok[0][1]), int(ok[0][2]), sent
 
 
 def grid(quick: tuple, *axes: list) -> list:
@@ -72,11 +74,13 @@ def grid(quick: tuple, *axes: list) -> list:
 
 @pytest.mark.parametrize("num_workers, autoreset", grid((1, "SameStep"), [0, 1, 2], ["NextStep", "SameStep"]))
 def test_lockstep_loses_no_step_to_ctrl_c_at_random_moments(num_workers, autoreset):
-    interrupts, sent = storm(["lockstep", "2000", "40", "16", str(num_workers), autoreset], seed=num_workers)
+    interrupts, lost, sent = storm(["lockstep", "2000", "40", "16", str(num_workers), autoreset], seed=num_workers)
     assert interrupts >= 40, (interrupts, sent)
+    assert lost == 0 or BEFORE_311, lost
 
 
 @pytest.mark.parametrize("num_workers, autoreset", grid((1, "NextStep"), [1, 2], ["NextStep", "SameStep"]))
+@pytest.mark.skipif(BEFORE_311, reason="Python 3.10 may lose a recv() batch in the loop's frame (see the module)")
 def test_async_mode_loses_no_env_to_ctrl_c_at_random_moments(num_workers, autoreset):
-    interrupts, sent = storm(["async", "1000", "40", "16", str(num_workers), autoreset, "8"], seed=num_workers)
+    interrupts, _, sent = storm(["async", "1000", "40", "16", str(num_workers), autoreset, "8"], seed=num_workers)
     assert interrupts >= 40, (interrupts, sent)

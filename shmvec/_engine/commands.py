@@ -1,5 +1,5 @@
 """Running commands: the caller's side of one command (begin, then finish)
-and the operations the front ends use (step, reset, call, set_attr).
+and the operations the front ends use (begin_step, reset, call, set_attr).
 
 ``begin()`` moves the cycle to the command's WAITING phase and posts the
 workers' part (they start at once); ``finish()`` steps the caller's own
@@ -22,7 +22,8 @@ import numpy as np
 
 from shmvec import _core
 from shmvec._engine import protocol as P
-from shmvec._engine.cycle import BROKEN, ENV_RAISED, INTERRUPTED, WAITING_CALL, WAITING_RESET, WAITING_STEP
+from shmvec._engine.cycle import (BROKEN, ENV_RAISED, IDLE, INTERRUPTED, NEEDS_RESET, WAITING_CALL, WAITING_RESET,
+                                  WAITING_STEP)
 from shmvec._engine.env_slice import EnvSlice
 from shmvec._engine.pool import still_pending
 from shmvec._engine.protocol import StepRecord
@@ -94,8 +95,16 @@ class CommandRunner:
         plain_step = code == P.STEP and requests is None
         command = _Command(code, caller_fn, plain_step, collect)
         posted = self._channel.posted_id if self.num_workers else 0
-        self.cycle.begin(_PHASE_OF[code])  # (raises, changing nothing, while another call is pending)
+        phase = _PHASE_OF[code]
+        cycle = self.cycle
+        if cycle.phase is not IDLE and cycle.phase is not NEEDS_RESET:
+            cycle.check_idle(f"{phase.value}_async")  # raises, changing nothing: another call is pending
+        self.handed_out = None  # a result Ctrl-C kept from the caller is not wanted any more
         try:
+            # In here: Python may raise a Ctrl-C as begin() returns (before
+            # 3.11, or under a profiler), which must not leave the cycle
+            # waiting for a command that never began.
+            cycle.begin(phase)
             self._command = command
             if self.num_workers and self._channel.busy:
                 self._wait_out_unread()
@@ -151,11 +160,25 @@ class CommandRunner:
                 else:
                     self.cycle.finish()
             raise
-        # The phase first: a Ctrl-C between the two then finds the command
-        # still there, not gone while a phase waits for it.
+        # The result is handed out: the front end's call clears handed_out
+        # as its last act before it returns it. Python may raise a Ctrl-C
+        # on the way there (before 3.11 at every return from a function, or
+        # under a profiler); the next step_wait() then returns the result
+        # (see unreturned_step()) instead of losing a step that was made.
+        # The phase before the command: a Ctrl-C between the two then finds
+        # the command still there, not gone while a phase waits for it.
+        self.handed_out = command
         self.cycle.finish()
         self._command = None
         return command.result
+
+    def unreturned_step(self) -> Any:
+        """The results of a step that finish() completed but that Ctrl-C
+        stopped on its way back to the caller (see finish()), or None."""
+        command = self.handed_out
+        if command is not None and command.code == P.STEP and self.cycle.phase is IDLE:
+            return command.result
+        return None
 
     def _complete(self, command: _Command, timeout: float | None) -> None:
         """Runs the caller's slice, then waits for the workers."""
@@ -267,10 +290,6 @@ class CommandRunner:
         requests = [P.dumps([object_actions[i] for i in rows]) for rows in self.worker_rows]
         self.begin(P.STEP, lambda s: s.step([object_actions[i] for i in s.rows]), requests,
                    collect=self._step_records)
-
-    def step(self, object_actions: list | None = None, build: Callable[[list[StepRecord]], Any] | None = None):
-        self.begin_step(object_actions)
-        return self.finish(build=build)
 
     def _step_records(self, caller_records, replies: list[bytes]) -> list[StepRecord]:
         if not caller_records and not replies:

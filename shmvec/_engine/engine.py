@@ -91,6 +91,9 @@ class Engine(CommandRunner):
                                int(max_restarts), bool(daemon))
         self.restarted_rows: list[int] = []  # envs restarted by the last command (or recv)
         self._command: _Command | None = None  # begun, results not yet collected
+        # The command finish() completed last, until the front end's call
+        # returns its result (see finish()).
+        self.handed_out: _Command | None = None
         self._caller: EnvSlice | None = None
         self.transport: Transport | None = None
         self.async_steps: AsyncSteps | CallerSteps | None = None  # send/recv, in async mode
