@@ -25,11 +25,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.error import NoAsyncCallError
-from helpers import assert_same, needs_gymnasium_1
+from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id
 
 import shmvec
-
-pytestmark = needs_gymnasium_1("autoreset modes")
 
 
 class _RaiseSignal:
@@ -126,14 +124,14 @@ def sweep_lockstep(envs, num_envs: int, split: bool) -> tuple[list, int]:
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["step", "step_async+step_wait"])
-@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+@pytest.mark.parametrize("mode", AUTORESETTING_MODES, ids=mode_id)
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_ctrl_c_at_every_point_of_a_step_loses_no_step(num_workers, mode, split, default_sigint, closing):
     num_envs = 4
     envs = shmvec.ShmVecEnv(cartpoles(num_envs), num_workers=num_workers, start_method="fork",
-                            autoreset_mode=mode)
+                            **autoreset_kwargs(mode))
     closing(envs)
-    ref = gym.vector.SyncVectorEnv(cartpoles(num_envs), autoreset_mode=mode)
+    ref = gym.vector.SyncVectorEnv(cartpoles(num_envs), **autoreset_kwargs(mode))
     assert_same(envs.reset(seed=3), ref.reset(seed=3), "reset")
     ref.step(actions(0, num_envs))  # (sweep_lockstep's step 0)
     out, interrupted = sweep_lockstep(envs, num_envs, split)
@@ -177,15 +175,15 @@ def sweep_send_recv(envs, num_envs: int) -> tuple[list, int]:
     return rows, interrupted
 
 
-@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+@pytest.mark.parametrize("mode", AUTORESETTING_MODES, ids=mode_id)
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_ctrl_c_at_every_point_of_recv_and_send_loses_no_env(num_workers, mode, default_sigint, closing):
     num_envs = 4
     envs = shmvec.ShmVecEnv(cartpoles(num_envs), num_workers=num_workers, start_method="fork",
-                            autoreset_mode=mode, batch_size=2)
+                            batch_size=2, **autoreset_kwargs(mode))
     closing(envs)
     rows, interrupted = sweep_send_recv(envs, num_envs)
-    ref = gym.vector.SyncVectorEnv(cartpoles(num_envs), autoreset_mode=mode)
+    ref = gym.vector.SyncVectorEnv(cartpoles(num_envs), **autoreset_kwargs(mode))
     expected = [ref.reset(seed=3)[0]]
     for t in range(max(len(r) for r in rows)):
         expected.append(ref.step(actions(t, num_envs))[:4])
