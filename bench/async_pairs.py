@@ -1,14 +1,15 @@
-"""Where async mode's time goes, pair by pair: each ``recv()`` split into
-the wait for envs to finish (the native call that pops them from the
-workers' rings) and the rest of the front end, and each ``send()``.
+"""Where async mode's time goes, pair by pair: the wait for a batch of envs
+to finish, then ``recv()`` split into taking them from the workers' rings
+(one native call) and the rest of the front end, then ``send()``.
 
     python bench/async_pairs.py [ENV_ID] [--num-envs N] [--batch-size B] [--seconds S] [--workers W]
 
-If the caller spends most of a pair waiting, the workers (or the rings)
-set the pace; if it spends most of it in the front end, the caller does.
-A diagnostic that wraps one of shmvec's internals (``AsyncSteps.recv``;
-without workers ``CallerSteps.recv``, which steps the envs in the caller),
-not a benchmark: ``shmvec bench --async-batch B`` measures async mode.
+If the caller spends most of a pair waiting, the workers set the pace; if
+it hardly waits, the caller does. A diagnostic that calls and wraps two of
+shmvec's internals (``AsyncSteps.wait_finished`` before each ``recv()``,
+and ``AsyncSteps.recv``; without workers ``CallerSteps.recv``, which steps
+the envs in the caller), not a benchmark: ``shmvec bench --async-batch B``
+measures async mode.
 """
 
 from __future__ import annotations
@@ -36,48 +37,47 @@ def main() -> None:
     envs = shmvec.ShmVecEnv([lambda: gym.make(args.env)] * args.num_envs, batch_size=args.batch_size,
                             num_workers=args.workers)
     try:
-        # Timed on the instance: AsyncSteps.recv waits for the workers' envs;
-        # without workers, CallerSteps.recv steps them in the caller.
-        steps = envs._engine.async_steps
-        original, waited = steps.recv, [0]
+        steps, workers = envs._engine.async_steps, envs.num_workers
+        original, taking = steps.recv, [0]
 
-        def timed_recv(*a, **kw):
+        def timed_recv(*a, **kw):  # on the instance
             start = time.perf_counter_ns()
             try:
                 return original(*a, **kw)
             finally:
-                waited[0] += time.perf_counter_ns() - start
+                taking[0] += time.perf_counter_ns() - start
 
         steps.recv = timed_recv
         envs.async_reset(seed=0)
         batches = action_batches(envs.single_action_space, args.batch_size)
-        recv_ns, wait_ns, send_ns = [], [], []
+        parts = []  # (wait, recv, taking them, send) per pair, ns
         warm_until = time.perf_counter() + 1.0
         end = warm_until + args.seconds
         i = 0
         while (now := time.perf_counter()) < end:
-            waited[0] = 0
+            taking[0] = 0
             t0 = time.perf_counter_ns()
-            *_, infos = envs.recv()
+            # What recv() will take from the rings: reset results and envs an
+            # earlier recv() popped are at hand.
+            at_hand = min(len(envs._reset_ready), args.batch_size) + len(envs._finished)
+            if workers and at_hand < args.batch_size:
+                steps.wait_finished(args.batch_size - at_hand, 10.0)
             t1 = time.perf_counter_ns()
-            envs.send(batches[i % len(batches)], infos["env_id"])
+            *_, infos = envs.recv()
             t2 = time.perf_counter_ns()
+            envs.send(batches[i % len(batches)], infos["env_id"])
+            t3 = time.perf_counter_ns()
             i += 1
             if now >= warm_until:
-                recv_ns.append(t1 - t0)
-                wait_ns.append(waited[0])
-                send_ns.append(t2 - t1)
-        workers = envs.num_workers
+                parts.append((t1 - t0, t2 - t1, taking[0], t3 - t2))
     finally:
         envs.close()
-    recv_us, wait_us, send_us = (np.array(x) / 1e3 for x in (recv_ns, wait_ns, send_ns))
-    pair_us = recv_us + send_us
-    waiting = "waiting in AsyncSteps.recv" if workers else "stepping the envs in CallerSteps.recv"
+    wait, recv, take, send = (np.array(parts) / 1e3).mean(axis=0)
+    pair = wait + recv + send
+    taken = "taking them from the rings" if workers else "stepping them in the caller"
     print(f"{args.env} x{args.num_envs}, batch_size {args.batch_size}, {workers} workers: "
-          f"{args.batch_size / pair_us.mean():.3f}M steps/s; a pair {pair_us.mean():.1f} us on average: "
-          f"recv {recv_us.mean():.1f} ({waiting} {wait_us.mean():.1f}, the rest "
-          f"{(recv_us - wait_us).mean():.1f}), send {send_us.mean():.1f}"
-          + (f"; pairs that waited over 5 us: {np.mean(wait_us > 5):.2f}" if workers else ""), flush=True)
+          f"{args.batch_size / pair:.3f}M steps/s; a pair {pair:.1f} us on average: waiting {wait:.1f}, "
+          f"recv {recv:.1f} ({taken} {take:.1f}, the rest {recv - take:.1f}), send {send:.1f}", flush=True)
 
 
 if __name__ == "__main__":

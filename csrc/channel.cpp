@@ -259,37 +259,50 @@ void FrontChannel::reset_async_worker(uint32_t w) {
 }
 
 std::vector<uint32_t> FrontChannel::pop_finished(uint32_t count) {
-  // What each worker has published; acquire pairs with the producer's
-  // release of its tail, so the items and the envs' results are visible.
-  struct Pending {
+  // The `count` oldest tickets. Each worker's tickets increase along its
+  // ring, so they are a prefix of every ring: merge the rings' heads rather
+  // than gather and sort all that is ready. When the workers run ahead of
+  // the caller, most envs sit finished in the rings: a recv() reads the ones
+  // it takes and one more per ring, not every one (docs/performance.md,
+  // "Sixteen vCPUs").
+  struct Head {
     uint64_t ticket;
-    uint32_t row, worker;
+    uint32_t worker;
   };
-  std::vector<Pending> ready;
-  ready.reserve(owner_.size());  // at most every env: one allocation
+  const auto later = [](const Head& a, const Head& b) { return a.ticket > b.ticket; };  // min-heap
+  const uint32_t workers = static_cast<uint32_t>(seq_.size());
   const uint32_t mask = async_.capacity - 1;
-  for (uint32_t w = 0; w < seq_.size(); ++w) {
-    Ring* r = async_.finished(w);
-    const uint32_t head = r->head.load(std::memory_order_relaxed);  // we are its only writer
-    const uint32_t tail = r->tail.load(std::memory_order_acquire);
-    const FinishedItem* items = async_.finished_items(w);
-    for (uint32_t i = head; i != tail; ++i)
-      ready.push_back({items[i & mask].ticket, items[i & mask].row, w});
+  std::vector<uint32_t> next(workers), tails(workers);
+  std::vector<Head> heads;
+  heads.reserve(workers);
+  uint64_t ready = 0;
+  for (uint32_t w = 0; w < workers; ++w) {
+    const Ring* r = async_.finished(w);
+    next[w] = r->head.load(std::memory_order_relaxed);  // we are its only writer
+    // Acquire pairs with the producer's release of its tail, so the items
+    // and the envs' results are visible.
+    tails[w] = r->tail.load(std::memory_order_acquire);
+    ready += tails[w] - next[w];
+    if (next[w] != tails[w]) heads.push_back({async_.finished_items(w)[next[w] & mask].ticket, w});
   }
-  if (ready.size() < count) throw std::logic_error("fewer finished envs than asked for");
-  // Oldest tickets first. Each worker's tickets increase along its ring, so
-  // the chosen items are a prefix of every ring.
-  std::sort(ready.begin(), ready.end(), [](const Pending& a, const Pending& b) { return a.ticket < b.ticket; });
+  if (ready < count) throw std::logic_error("fewer finished envs than asked for");
+  std::make_heap(heads.begin(), heads.end(), later);
   std::vector<uint32_t> rows(count);
-  std::vector<uint32_t> taken(seq_.size(), 0);
   for (uint32_t i = 0; i < count; ++i) {
-    rows[i] = ready[i].row;
-    ++taken[ready[i].worker];
+    std::pop_heap(heads.begin(), heads.end(), later);
+    const uint32_t w = heads.back().worker;
+    const FinishedItem* items = async_.finished_items(w);
+    rows[i] = items[next[w]++ & mask].row;
+    if (next[w] != tails[w]) {
+      heads.back().ticket = items[next[w] & mask].ticket;
+      std::push_heap(heads.begin(), heads.end(), later);
+    } else {
+      heads.pop_back();
+    }
   }
-  for (uint32_t w = 0; w < seq_.size(); ++w) {
-    if (!taken[w]) continue;
+  for (uint32_t w = 0; w < workers; ++w) {
     Ring* r = async_.finished(w);
-    r->head.store(r->head.load(std::memory_order_relaxed) + taken[w], std::memory_order_relaxed);
+    if (r->head.load(std::memory_order_relaxed) != next[w]) r->head.store(next[w], std::memory_order_relaxed);
   }
   return rows;
 }

@@ -35,7 +35,9 @@ def _run(args: list[str], timeout: float, env: dict | None = None) -> str:
 def test_native_core(tmp_path):
     build = tmp_path / "build"
     _build(build, "test_signal", "test_threads", options=("-DCMAKE_BUILD_TYPE=Release",))
-    assert "round trips ok" in _run([str(build / "test_signal")], timeout=90)
+    out = _run([str(build / "test_signal")], timeout=90)
+    assert "round trips ok" in out
+    assert "pop_finished: oldest first across workers, in pieces: ok" in out
     assert "thread tests: ok" in _run([str(build / "test_threads"), "5000"], timeout=90)
 
 

@@ -129,6 +129,45 @@ void test_commands_and_async() {
   std::printf("commands and async rings: %u round trips ok\n", kRounds);
 }
 
+// recv() hands out the envs that finished first, across workers: the
+// oldest tickets, each worker's in its ring's order, however many more have
+// finished. Two worker channels in this process push in an interleaved
+// order; pops of various sizes must give back exactly that order.
+void test_pop_finished_takes_the_oldest_across_workers() {
+  Arena a = make_arena();
+  FrontChannel front(a.base, a.fixed, true);
+  std::vector<uint32_t> owner = {0, 0, 0, 1, 1, 1};
+  const AsyncRegion region(a.base + a.async_offset, kEnvs, kWorkers, 64);
+  front.attach_async(region, owner);
+  int never[2];
+  CHECK(pipe(never) == 0);
+  WorkerChannel w0(a.base, a.fixed, 0, never[0]), w1(a.base, a.fixed, 1, never[0]);
+  w0.attach_async(region);
+  w1.attach_async(region);
+  const std::vector<uint32_t> order = {4, 0, 1, 5, 3, 2};  // finishing order: rows 0-2 are worker 0's
+  for (int round = 0; round < 50; ++round) {
+    front.send(std::vector<uint32_t>{0, 1, 2, 3, 4, 5});
+    uint32_t row;
+    std::vector<uint32_t> todo0, todo1;
+    while (w0.pop_todo(&row)) todo0.push_back(row);
+    while (w1.pop_todo(&row)) todo1.push_back(row);
+    CHECK(todo0.size() == 3 && todo1.size() == 3);
+    for (uint32_t r : order) (r < 3 ? w0 : w1).push_finished(r);
+    CHECK(front.finished_ready() == 6);
+    // Taken in pieces of 1, 2 and 3 (varied by round), always oldest first.
+    std::vector<uint32_t> got;
+    const uint32_t first = 1 + round % 3;
+    for (uint32_t r : front.pop_finished(first)) got.push_back(r);
+    CHECK(front.finished_ready() == 6 - first);
+    for (uint32_t r : front.pop_finished(6 - first)) got.push_back(r);
+    CHECK(got == order);
+    CHECK(front.finished_ready() == 0);
+  }
+  close(never[0]);
+  close(never[1]);
+  std::printf("pop_finished: oldest first across workers, in pieces: ok\n");
+}
+
 void test_worker_sees_dead_parent() {
   Arena a = make_arena();
   FrontChannel front(a.base, a.fixed, true);
@@ -418,5 +457,6 @@ int main() {
   test_worker_sees_dead_parent();
   test_front_sees_dead_worker();
   test_commands_and_async();
+  test_pop_finished_takes_the_oldest_across_workers();
   return 0;
 }
