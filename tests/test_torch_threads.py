@@ -25,8 +25,11 @@ PRELUDE = textwrap.dedent("""
     warnings.simplefilter("always")
     caught = []
     warnings.showwarning = lambda message, category, *rest: caught.append((category.__name__, str(message)))
-    FREE = max(1, usable_cpus() - 1)  # the CPUs one worker leaves free
-    MANY = usable_cpus() + 1  # more than any free count: torch competes
+    from shmvec._engine import torch_threads
+    CPUS = usable_cpus() if CPUS_GIVEN is None else CPUS_GIVEN
+    torch_threads.usable_cpus = lambda: CPUS  # the machine's size, as torch_threads sees it
+    FREE = max(1, CPUS - 1)  # the CPUs one worker leaves free
+    MANY = CPUS + 1  # more than any free count: torch competes
     seen = {}
 
     def make(cls=shmvec.ShmVecEnv, **kwargs):
@@ -34,8 +37,13 @@ PRELUDE = textwrap.dedent("""
 """)
 
 
-def run(body: str, cwd) -> dict:
-    script = PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(dict(seen, FREE=FREE, MANY=MANY, caught=caught)))\n"
+# This machine, and a larger one (what torch_threads sees of it; the workers
+# run on this one's CPUs): with one worker, 2 CPUs leave torch 1, 16 leave 15.
+MACHINES = [pytest.param(None, id="this-machine"), pytest.param(16, id="16-cpus")]
+
+
+def run(body: str, cwd, cpus: int | None = None) -> dict:
+    script = f"CPUS_GIVEN = {cpus!r}\n" + PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(dict(seen, FREE=FREE, MANY=MANY, caught=caught)))\n"
     # Away from the source tree: the installed shmvec, with its built extension.
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=cwd)
     assert out.returncode == 0, out.stderr
@@ -49,7 +57,8 @@ def performance_warnings(result: dict) -> list[str]:
             if category == "PerformanceWarning" and "kept busy by other programs" not in message]
 
 
-def test_auto_lowers_torch_threads_while_open_and_restores_them(tmp_path):
+@pytest.mark.parametrize("cpus", MACHINES)
+def test_auto_lowers_torch_threads_while_open_and_restores_them(tmp_path, cpus):
     result = run("""
         torch.set_num_threads(MANY)
         a = make()
@@ -59,7 +68,7 @@ def test_auto_lowers_torch_threads_while_open_and_restores_them(tmp_path):
         seen["one_left"] = torch.get_num_threads()
         b.close()
         seen["closed"] = torch.get_num_threads()
-    """, tmp_path)
+    """, tmp_path, cpus)
     assert result["open"] == result["FREE"]
     assert result["one_left"] == result["FREE"]
     assert result["closed"] == result["MANY"]
@@ -126,14 +135,17 @@ def test_none_leaves_torch_alone_and_warns_once_with_the_fix(tmp_path):
     assert f"torch.set_num_threads({result['FREE']})" in message
 
 
-def test_torch_within_the_free_cpus_is_not_touched(tmp_path):
+@pytest.mark.parametrize("cpus", MACHINES)
+def test_torch_within_the_free_cpus_is_not_touched(tmp_path, cpus):
+    # On 16 CPUs "auto" once raised a user's 1 thread to the 15 left free.
     result = run("""
         torch.set_num_threads(1)
         envs = make()
         seen["open"] = torch.get_num_threads()
         envs.close()
-    """, tmp_path)
-    assert result["open"] == 1
+        seen["closed"] = torch.get_num_threads()
+    """, tmp_path, cpus)
+    assert (result["open"], result["closed"]) == (1, 1)
     assert performance_warnings(result) == []
 
 

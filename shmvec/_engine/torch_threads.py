@@ -70,7 +70,8 @@ class TorchThreads:
             return
         target = free if setting == "auto" else setting
         if _Lowered.holders == 0:
-            if threads == target:
+            # "auto" only lowers: fewer threads than the free CPUs are the user's choice.
+            if threads == target or (setting == "auto" and threads < target):
                 return
             _Lowered.original = threads
             _Lowered.set_to = target
