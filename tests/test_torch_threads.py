@@ -43,7 +43,8 @@ MACHINES = [pytest.param(None, id="this-machine"), pytest.param(16, id="16-cpus"
 
 
 def run(body: str, cwd, cpus: int | None = None) -> dict:
-    script = f"CPUS_GIVEN = {cpus!r}\n" + PRELUDE + textwrap.dedent(body) + "\nprint(json.dumps(dict(seen, FREE=FREE, MANY=MANY, caught=caught)))\n"
+    script = (f"CPUS_GIVEN = {cpus!r}\n" + PRELUDE + textwrap.dedent(body)
+              + "\nprint(json.dumps(dict(seen, FREE=FREE, MANY=MANY, caught=caught)))\n")
     # Away from the source tree: the installed shmvec, with its built extension.
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=cwd)
     assert out.returncode == 0, out.stderr
