@@ -47,9 +47,8 @@ std::vector<uint32_t> row_vector(const RowArray& rows) {
 // bool per env) in three passes over them, in the order the front end reports
 // it: 0 nothing, 1 one out of [0, num_envs), 2 one repeated, 3 one in flight.
 // One native call instead of a few numpy reductions on every send().
-int env_ids_problem(const RowArray& ids, const py::array_t<bool, py::array::c_style>& in_flight) {
-  if (ids.ndim() != 1 || in_flight.ndim() != 1) throw std::invalid_argument("env ids and the mask must be 1-D");
-  const int64_t num_envs = in_flight.shape(0);
+int env_ids_problem(const RowArray& ids, const bool* busy, int64_t num_envs) {
+  if (ids.ndim() != 1) throw std::invalid_argument("env ids must be 1-D");
   const int64_t* id = ids.data();
   const py::ssize_t count = ids.shape(0);
   for (py::ssize_t i = 0; i < count; ++i)
@@ -59,10 +58,75 @@ int env_ids_problem(const RowArray& ids, const py::array_t<bool, py::array::c_st
     if (seen[id[i]]) return 2;
     seen[id[i]] = 1;
   }
-  const bool* busy = in_flight.data();
   for (py::ssize_t i = 0; i < count; ++i)
     if (busy[id[i]]) return 3;
   return 0;
+}
+
+// Async mode's mask of the envs in flight (a bool per env), which the native
+// send and hand-out update in place: the front end's own array, never a
+// converted copy, whose changes would be lost.
+bool* mask_data(py::array& mask) {
+  if (mask.dtype().kind() != 'b' || mask.ndim() != 1 || !(mask.flags() & py::array::c_style) ||
+      !mask.writeable())
+    throw std::invalid_argument("the in-flight mask must be a writable 1-D bool array");
+  return static_cast<bool*>(mask.mutable_data());
+}
+
+// The bytes of one env's row of an array whose first axis is the env: its
+// other axes must be C-contiguous, so that a row is one memcpy.
+std::size_t row_bytes(const py::array& a, const char* what) {
+  if (a.ndim() < 1) throw std::invalid_argument(std::string(what) + " has no env axis");
+  py::ssize_t bytes = a.itemsize();
+  for (py::ssize_t d = a.ndim() - 1; d >= 1; --d) {
+    if (a.strides(d) != bytes) throw std::invalid_argument(std::string(what) + "'s rows are not contiguous");
+    bytes *= a.shape(d);
+  }
+  return static_cast<std::size_t>(bytes);
+}
+
+// Whether two dtypes store values alike, so that rows copy as bytes (numpy's
+// int64 and longlong do, though they are different dtype objects).
+bool same_storage(const py::dtype& a, const py::dtype& b) {
+  return a.kind() == b.kind() && a.itemsize() == b.itemsize() && a.byteorder() == b.byteorder() &&
+         !a.has_fields() && !b.has_fields();
+}
+
+// Writes `values[k]` (one row per env of `ids`, C-contiguous, in the dtype of
+// `views[k]`) into rows `ids` of `views[k]` (the arena's action leaves), one
+// memcpy a row: numpy's fancy assignment of a 2-D batch takes microseconds.
+// Everything is checked before the first row is written.
+void write_rows(const RowArray& ids, const py::list& views, const py::list& values) {
+  if (ids.ndim() != 1) throw std::invalid_argument("env rows must be 1-D");
+  if (views.size() != values.size()) throw std::invalid_argument("one batch of values per view");
+  const int64_t* id = ids.data();
+  const py::ssize_t count = ids.shape(0);
+  struct Leaf {
+    char* base;
+    py::ssize_t stride;
+    const char* src;
+    std::size_t bytes;
+  };
+  std::vector<Leaf> leaves;
+  for (std::size_t k = 0; k < views.size(); ++k) {
+    // Arrays only, not converted copies: the rows are written after this loop.
+    if (!py::isinstance<py::array>(views[k]) || !py::isinstance<py::array>(values[k]))
+      throw std::invalid_argument("action views and batches must be numpy arrays");
+    auto view = py::reinterpret_borrow<py::array>(views[k]);
+    auto value = py::reinterpret_borrow<py::array>(values[k]);
+    const std::size_t bytes = row_bytes(view, "an action view");
+    if (!same_storage(value.dtype(), view.dtype()) || value.ndim() != view.ndim() || value.shape(0) != count ||
+        !(value.flags() & py::array::c_style) || row_bytes(value, "an action batch") != bytes)
+      throw std::invalid_argument("an action batch does not match its view");
+    if (!view.writeable()) throw std::invalid_argument("an action view is read-only");
+    for (py::ssize_t i = 0; i < count; ++i)
+      if (id[i] < 0 || id[i] >= view.shape(0)) throw py::index_error("env row out of range");
+    leaves.push_back({static_cast<char*>(view.mutable_data()), view.strides(0),
+                      static_cast<const char*>(value.data()), bytes});
+  }
+  for (const Leaf& leaf : leaves)
+    for (py::ssize_t i = 0; i < count; ++i)
+      std::memcpy(leaf.base + id[i] * leaf.stride, leaf.src + i * leaf.bytes, leaf.bytes);
 }
 
 [[noreturn]] void throw_errno(int err, const char* what) {
@@ -197,6 +261,20 @@ class PyFrontChannel {
     data_ = std::move(data);
   }
   void send(const RowArray& rows) { channel_.send(row_vector(rows)); }
+  // send() in one call: checks the env ids against the envs in flight (a
+  // problem, as env_ids_problem says it, is returned and nothing is done),
+  // writes their actions into the arena (see write_rows), queues them to
+  // their workers and marks them in flight. No Python runs within it, so a
+  // Ctrl-C lands before it or after it.
+  int send_actions(const RowArray& ids, py::array in_flight, const py::list& views, const py::list& values) {
+    bool* busy = mask_data(in_flight);
+    if (const int problem = env_ids_problem(ids, busy, in_flight.shape(0))) return problem;
+    write_rows(ids, views, values);
+    const std::vector<uint32_t> rows = row_vector(ids);
+    channel_.send(rows);
+    for (uint32_t row : rows) busy[row] = true;
+    return 0;
+  }
   uint64_t sent_count() const { return channel_.sent_count(); }
   uint32_t finished_ready() const { return channel_.finished_ready(); }
   // Waits until `count` envs have finished, then pops them in finishing
@@ -434,7 +512,27 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("fn"),
      "Calls fn(*args) with Ctrl-C held: a KeyboardInterrupt that would cut an env's step in two is "
      "raised once fn returns; a second Ctrl-C interrupts fn at once.");
-  m.def("env_ids_problem", &env_ids_problem, py::arg("ids"), py::arg("in_flight"),
+  m.def("hand_out", [](RowQueue& finished, std::size_t count, py::array in_flight, const py::object& front,
+                       const py::object& batch) {
+    // Checked before anything changes; then nothing can raise but setattr.
+    bool* busy = mask_data(in_flight);
+    const py::array_t<int64_t> rows = finished.head(count);
+    const int64_t* row = rows.data();
+    for (std::size_t i = 0; i < count; ++i)
+      if (row[i] < 0 || row[i] >= in_flight.shape(0)) throw py::index_error("env row out of range");
+    for (std::size_t i = 0; i < count; ++i) busy[row[i]] = false;
+    finished.drop(count);
+    py::setattr(front, "_handed_out", batch);
+  }, py::arg("finished"), py::arg("count"), py::arg("in_flight"), py::arg("front"), py::arg("batch"),
+     "recv()'s hand-out in one call, which a Ctrl-C cannot cut: the first `count` envs of `finished` "
+     "leave it and are marked not in flight, and `batch` (their results) is kept as "
+     "front._handed_out until recv() returns it.");
+  m.def("write_rows", &write_rows, py::arg("ids"), py::arg("views"), py::arg("values"),
+        "Writes values[k] (a row per env id) into rows `ids` of views[k], one memcpy a row.");
+  m.def("env_ids_problem", [](const RowArray& ids, const py::array_t<bool, py::array::c_style>& in_flight) {
+    if (in_flight.ndim() != 1) throw std::invalid_argument("the in-flight mask must be 1-D");
+    return env_ids_problem(ids, in_flight.data(), in_flight.shape(0));
+  }, py::arg("ids"), py::arg("in_flight"),
         "What is wrong with send()'s env ids: 0 nothing, 1 one is out of range, 2 one is repeated, "
         "3 one is in flight (`in_flight`: a bool per env).");
   m.def("info_batch", &info_batch, py::arg("flags"), py::arg("columns"),
@@ -476,6 +574,8 @@ PYBIND11_MODULE(_core, m) {
       .def("attach_async", &PyFrontChannel::attach_async, py::arg("data"), py::arg("offset"),
            py::arg("num_envs"), py::arg("record_capacity"), py::arg("owner_of_row"))
       .def("send", &PyFrontChannel::send, py::arg("rows"))
+      .def("send_actions", &PyFrontChannel::send_actions, py::arg("ids"), py::arg("in_flight"),
+           py::arg("views"), py::arg("values"))
       .def_property_readonly("finished_ready", &PyFrontChannel::finished_ready)
       .def_property_readonly("sent_count", &PyFrontChannel::sent_count)
       .def("recv", &PyFrontChannel::recv, py::arg("count"), py::arg("sentinels"), py::arg("timeout"),

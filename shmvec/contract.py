@@ -14,6 +14,7 @@ from shmvec import _core
 
 __all__ = [
     "seeds_for", "checked_reset_mask", "per_env_values", "check_sync", "check_async", "checked_env_ids",
+    "env_ids_array", "raise_env_ids_problem",
     "AttributesByCall",
 ]
 
@@ -89,21 +90,32 @@ def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pe
     """``send()``'s `env_ids` as an array: 1-D ints in range, no repeats, none
     in flight (`in_flight`: a mask) and none whose ``async_reset()`` results
     are not yet received (`reset_pending`: their ids)."""
+    ids = env_ids_array(env_ids, reset_pending)
+    # send()'s path: one native pass, not numpy reductions (a microsecond each).
+    raise_env_ids_problem(_core.env_ids_problem(ids, in_flight), ids, num_envs, in_flight)
+    return ids
+
+
+def env_ids_array(env_ids: Any, reset_pending: Collection[int]) -> np.ndarray:
+    """``send()``'s `env_ids` as a 1-D array of ints, none of them waiting
+    for its ``async_reset()`` results to be received (`reset_pending`)."""
     ids = np.asarray(env_ids)
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
-    # send()'s path: one native pass, not numpy reductions (a microsecond each).
-    problem = _core.env_ids_problem(ids, in_flight)
+    waiting = set(reset_pending).intersection(ids.tolist()) if reset_pending else None
+    if waiting:
+        raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")
+    return ids
+
+
+def raise_env_ids_problem(problem: int, ids: np.ndarray, num_envs: int, in_flight: np.ndarray) -> None:
+    """Raises the error for ``_core.env_ids_problem``'s `problem` (0: none)."""
     if problem == 1:
         raise ValueError(f"env_ids must be in [0, {num_envs}), got {ids.tolist()}")
     if problem == 2:
         raise ValueError(f"env_ids has repeated envs: {ids.tolist()}")
     if problem == 3:
         raise ValueError(f"envs {ids[in_flight[ids]].tolist()} are already in flight: recv() them before sending again")
-    waiting = set(reset_pending).intersection(ids.tolist()) if reset_pending else None
-    if waiting:
-        raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")
-    return ids
 
 
 # -- attributes -----------------------------------------------------------------

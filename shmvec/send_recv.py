@@ -11,7 +11,7 @@ import numpy as np
 
 from shmvec import _core
 from shmvec._engine.cycle import IDLE, NEEDS_RESET, WAITING_RESET
-from shmvec.contract import check_async, checked_env_ids, seeds_for
+from shmvec.contract import check_async, env_ids_array, raise_env_ids_problem, seeds_for
 from shmvec.step_infos import vectorize_batch
 
 __all__ = ["SendRecv"]
@@ -85,17 +85,12 @@ class SendRecv:
             self._finish_interrupted_reset()
             self._cycle.check_steppable("send")
         check_async(self, "send")
-        ids = checked_env_ids(env_ids, self.num_envs, self._in_flight, self._reset_ready)
-        self._io.write_actions(actions, ids)
-        steps = self._engine.async_steps
-        sent = steps.sent_count
-        try:
-            steps.send(ids)
-            self._in_flight[ids] = True
-        except BaseException:
-            if steps.sent_count != sent:  # Ctrl-C once they went: in flight, not to be sent twice
-                self._in_flight[ids] = True
-            raise
+        ids = env_ids_array(env_ids, self._reset_ready)
+        values = self._io.action_rows(actions, len(ids))
+        # Checked, written, sent and marked in flight in one call (native
+        # with workers): a Ctrl-C cannot send an env without marking it.
+        problem = self._engine.async_steps.send_actions(ids, self._in_flight, self._io.action_views, values)
+        raise_env_ids_problem(problem, ids, self.num_envs, self._in_flight)
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Waits for ``batch_size`` envs to finish and returns their
@@ -138,20 +133,21 @@ class SendRecv:
                   io.truncations.take(ids), infos)
         if self._restarts:
             io.remember(ids)
-        # With Ctrl-C held: one meanwhile leaves the batch to the next recv().
-        _core.run_holding_interrupt(self._hand_out, resets, stepped, ids, result)
+        # The batch's envs become the user's again in one call that a Ctrl-C
+        # cannot cut (one meanwhile leaves the batch to the next recv()).
+        if resets:
+            _core.run_holding_interrupt(self._hand_out_resets, resets, stepped, result)
+        else:
+            _core.hand_out(self._finished, stepped, self._in_flight, self, result)
         self._handed_out = None
         return result
 
-    def _hand_out(self, resets: int, stepped: int, ids: np.ndarray, result: tuple) -> None:
-        """The envs of the batch recv() made are the user's again."""
-        if resets:
-            for row in self._reset_ready[:resets]:
-                self._reset_records.pop(row, None)
-            del self._reset_ready[:resets]
-        self._finished.drop(stepped)
-        self._in_flight[ids[resets:]] = False
-        self._handed_out = result
+    def _hand_out_resets(self, resets: int, stepped: int, result: tuple) -> None:
+        """_core.hand_out, for a batch that includes reset results."""
+        for row in self._reset_ready[:resets]:
+            self._reset_records.pop(row, None)
+        del self._reset_ready[:resets]
+        _core.hand_out(self._finished, stepped, self._in_flight, self, result)
 
     def _send_lost(self) -> None:
         """In async mode, after a command during which workers were replaced."""

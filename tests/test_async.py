@@ -102,6 +102,53 @@ def test_each_env_trajectory_matches_sync(make, mode, num_workers):
             assert_same(got[i][t][4], expected[i][t][4], f"env {i} step {t} info")
 
 
+@pytest.mark.parametrize("num_workers", [2, 0], ids=["workers", "caller-steps-all"])
+@pytest.mark.parametrize("action_space", [
+    gym.spaces.Box(-1, 1, (2, 3), np.float32),
+    gym.spaces.Dict({"move": gym.spaces.Box(-1, 1, (2,), np.float64), "pick": gym.spaces.MultiDiscrete([3, 4])}),
+], ids=["box", "dict"])
+def test_each_env_gets_its_own_action_rows(action_space, num_workers, closing):
+    # send() writes each env's rows of every action leaf into the arena
+    # natively; a float64 batch for a float32 Box reaches the envs in the
+    # space's dtype. Rewards depend on the actions (SpacesEnv).
+    make = functools.partial(SpacesEnv, action_space=action_space, max_steps=6, terminate_prob=0.2)
+    num_envs, batch, rounds = 5, 2, 40
+    action_space.seed(0)
+    actions = [[action_space.sample() for _ in range(rounds)] for _ in range(num_envs)]
+
+    def batch_of(items):
+        out = gym.vector.utils.concatenate(action_space, items, gym.vector.utils.create_empty_array(
+            action_space, len(items)))
+        return out.astype(np.float64) if isinstance(out, np.ndarray) else out  # a cast send() makes
+
+    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=num_workers, start_method="fork")
+    closing(envs)
+    got = [[] for _ in range(num_envs)]
+    envs.async_reset(seed=0)
+    for _ in range(rounds):
+        obs, rew, term, trunc, infos = envs.recv()
+        ids = infos["env_id"].tolist()
+        for k, i in enumerate(ids):
+            got[i].append((obs[k], rew[k], term[k], trunc[k]))
+        envs.send(batch_of([actions[i][len(got[i]) - 1] for i in ids]), ids)
+    assert sum(map(len, got)) == rounds * batch
+    ref = SyncVectorEnv([make] * num_envs)
+    obs, _ = ref.reset(seed=0)
+    expected = [[(obs[i], 0.0, False, False)] for i in range(num_envs)]
+    for t in range(max(map(len, got)) - 1):
+        obs, rew, term, trunc, _ = ref.step(gym.vector.utils.concatenate(
+            action_space, [actions[i][t] for i in range(num_envs)],
+            gym.vector.utils.create_empty_array(action_space, num_envs)))
+        for i in range(num_envs):
+            expected[i].append((obs[i], rew[i], term[i], trunc[i]))
+    ref.close()
+    for i in range(num_envs):
+        for t, (step, want) in enumerate(zip(got[i], expected[i])):
+            assert_same(step[0], want[0], f"env {i} step {t} obs")
+            assert (float(step[1]), bool(step[2]), bool(step[3])) == (float(want[1]), bool(want[2]), bool(want[3])), \
+                f"env {i} step {t}"
+
+
 def test_stragglers_never_starve():
     make = functools.partial(StragglerEnv, base_ms=0.2, slow_ms=5, slow_prob=0.2)
     envs = shmvec.ShmVecEnv([make] * 8, batch_size=3, num_workers=4, start_method="fork")
@@ -328,6 +375,20 @@ def test_the_async_channel_takes_env_rows_as_an_array_and_checks_each(closing):
                 call(bad)
     assert channel.sent_count == 0
     assert channel.rows_with_records(np.arange(4)) == [] and channel.rows_with_records([0, 1]) == []
+    # send()'s one native call: a problem with the ids is returned with
+    # nothing written or sent; a batch or mask the front end never makes is
+    # refused before anything changes.
+    views, mask = envs._io.action_views, np.zeros(4, np.bool_)
+    before = views[0].copy()
+    for ids, problem in [([4], 1), ([1, 1], 2)]:
+        assert channel.send_actions(np.array(ids), mask, views, [np.ones(len(ids), np.int64)]) == problem
+    for bad_mask, values, match in [(np.zeros(4, np.int8), [np.ones(1, np.int64)], "mask"),
+                                    (mask, [np.ones(1, np.float64)], "does not match"),
+                                    (mask, [np.ones((1, 1), np.int64)], "does not match"),
+                                    (mask, [], "one batch of values per view")]:
+        with pytest.raises(ValueError, match=match):
+            channel.send_actions(np.array([1]), bad_mask, views, values)
+    assert channel.sent_count == 0 and not mask.any() and np.array_equal(views[0], before)
     receive_resets(envs)
     envs.send(np.zeros(4, dtype=np.int64), np.arange(4))
     for _ in range(10):  # the envs flow as before

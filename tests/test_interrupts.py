@@ -410,15 +410,15 @@ def test_ctrl_c_in_async_reset_is_finished_by_the_next_async_call(then, closing)
 
 
 class _InterruptSend:
-    """Stands in for an async engine's channel: Ctrl-C lands in send(),
-    before the envs went or just after."""
+    """Stands in for an async engine's channel: Ctrl-C lands as send()'s
+    native call begins (nothing went) or as it returns (the envs went)."""
 
     def __init__(self, channel, after: bool):
         self._channel, self._after = channel, after
 
-    def send(self, rows):
+    def send_actions(self, *args):
         if self._after:
-            self._channel.send(rows)
+            self._channel.send_actions(*args)
         raise KeyboardInterrupt
 
     def __getattr__(self, name):

@@ -58,10 +58,17 @@ class AsyncSteps:
             self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
         self._channel.send(rows)
 
-    @property
-    def sent_count(self) -> int:
-        """Envs sent so far (a send cut short by Ctrl-C went if it moved on)."""
-        return self._channel.sent_count
+    def send_actions(self, ids: np.ndarray, in_flight: np.ndarray, views: list, values: list) -> int:
+        """send()'s step in one native call: checks the env ids against
+        `in_flight` (returns ``_core.env_ids_problem``'s problem, having done
+        nothing, if there is one), writes `values` (per action leaf, a row
+        per env) into `views`, queues the envs to their workers and marks them
+        in `in_flight`. A Ctrl-C lands before it or after it."""
+        self._engine.cycle.check_usable()
+        self._engine.check_owner()
+        if self._pool.restart:
+            self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
+        return self._channel.send_actions(ids, in_flight, views, values)
 
     def recv(self, count: int, into: _core.RowQueue, discard: bool = False) -> None:
         """Waits for `count` envs to finish and appends their rows to `into`
@@ -158,16 +165,21 @@ class CallerSteps:
         self._engine = engine
         self._envs = envs
         self._queue: list[int] = []
-        self._taken = 0  # envs taken from the queue: with it, sent_count
         self._records: dict[int, StepRecord] = {}
 
-    def send(self, rows: np.ndarray) -> None:
+    def send_actions(self, ids: np.ndarray, in_flight: np.ndarray, views: list, values: list) -> int:
+        """As AsyncSteps.send_actions, in Python: the envs' queueing and
+        their marks in `in_flight` are made with Ctrl-C held."""
         self._engine.cycle.check_usable()
-        self._queue += rows.tolist()
+        problem = _core.env_ids_problem(ids, in_flight)
+        if not problem:
+            _core.write_rows(ids, views, values)
+            _core.run_holding_interrupt(self._queue_rows, ids, in_flight)
+        return problem
 
-    @property
-    def sent_count(self) -> int:
-        return self._taken + len(self._queue)
+    def _queue_rows(self, ids: np.ndarray, in_flight: np.ndarray) -> None:
+        self._queue += ids.tolist()
+        in_flight[ids] = True
 
     def recv(self, count: int, into: _core.RowQueue, discard: bool = False) -> None:
         """Steps the first `count` envs queued and appends their rows to
@@ -191,7 +203,6 @@ class CallerSteps:
             for record in records:
                 self._records[record[0]] = StepRecord._make(record)
         del self._queue[:count]  # in place: no copy of the envs still queued
-        self._taken += len(rows)
         into.extend(rows)
 
     def wait_finished(self, count: int, timeout: float) -> bool:

@@ -145,21 +145,14 @@ class BatchIO:
 
     # -- actions in ---------------------------------------------------------
 
-    def write_actions(self, actions: Any, rows: np.ndarray | None = None) -> list | None:
-        """Validates a batch of actions (for every env, or for `rows`) and
-        writes it into the arena; returns, per env, the values of its action
-        leaves that travel beside the arena (leaves without a fixed shape, and
-        items kept as the caller gave them), if any, in leaf order."""
+    def write_actions(self, actions: Any) -> list | None:
+        """Validates a batch of actions for every env and writes it into the
+        arena; returns, per env, the values of its action leaves that travel
+        beside the arena (leaves without a fixed shape, and items kept as the
+        caller gave them), if any, in leaf order."""
         if self._single_action:
-            given = self._write_leaf(0, actions, "actions", rows)
+            given = self._write_leaf(0, actions, "actions")
             return None if given is None else [[item] for item in given]
-        if rows is not None:
-            if any(v is None for v in self.action_views):
-                raise NotImplementedError("async mode needs action spaces whose leaves have fixed shapes")
-            leaves = self._flatten_actions(actions)
-            for k, value in enumerate(leaves):
-                self._write_leaf(k, value, f"action leaf {k}", rows)
-            return None
         leaves = action_leaves(self._flatten_actions, actions)
         object_actions = None
         for k, (view, value) in enumerate(zip(self.action_views, leaves)):
@@ -175,26 +168,42 @@ class BatchIO:
                 object_actions[i].append(values[i])
         return object_actions
 
-    def _write_leaf(self, k: int, value: Any, what: str, rows: np.ndarray | None = None) -> list | None:
-        """Validates action leaf `k`'s batch and writes it. A whole batch
-        (rows None) is stored in its own dtype where it can be, so that each
-        env gets an element of the caller's batch, as under SyncVectorEnv
-        (np.float64 for a float64 batch, even for a float32 Box); async sends
-        (`rows`: other envs may be reading their rows) use the space's dtype.
-        Returns the caller's items if the envs get them as given (see
-        list_items_flag), else None."""
+    def action_rows(self, actions: Any, count: int) -> list[np.ndarray]:
+        """Validates async mode's batch of `count` actions (for the envs
+        send() is given): per action leaf, its rows as a C-contiguous array in
+        the space's dtype, for ``_core.write_rows``. The workers read every
+        row in the space's dtype, since other envs may be reading theirs (a
+        lock-step batch keeps its own: see _write_leaf)."""
+        if self._single_action:
+            leaves = [actions]
+        else:
+            if any(v is None for v in self.action_views):
+                raise NotImplementedError("async mode needs action spaces whose leaves have fixed shapes")
+            leaves = self._flatten_actions(actions)
+        rows = []
+        for k, (view, value) in enumerate(zip(self.action_views, leaves)):
+            shape = (count, *view.shape[1:])
+            array = value
+            if type(array) is not np.ndarray or array.shape != shape or array.dtype != view.dtype:
+                what = "actions" if self._single_action else f"action leaf {k}"
+                array = checked_leaf_batch(value, shape, view.dtype, what).astype(view.dtype, copy=False)
+            rows.append(np.ascontiguousarray(array))
+            self._action_codes[k] = self._action_space_codes[k]
+        return rows
+
+    def _write_leaf(self, k: int, value: Any, what: str) -> list | None:
+        """Validates action leaf `k`'s batch and writes it, in its own dtype
+        where it can be, so that each env gets an element of the caller's
+        batch, as under SyncVectorEnv (np.float64 for a float64 batch, even for
+        a float32 Box). Returns the caller's items if the envs get them as
+        given (see list_items_flag), else None."""
         view = self.action_views[k]
-        shape = view.shape if rows is None else (len(rows), *view.shape[1:])
         array = value
         # An array of the leaf's shape and dtype needs no check: the usual
         # batch costs no call here (this is every step's path).
-        if type(array) is not np.ndarray or array.shape != shape or array.dtype != view.dtype:
-            array = checked_leaf_batch(value, shape, view.dtype, what)
+        if type(array) is not np.ndarray or array.shape != view.shape or array.dtype != view.dtype:
+            array = checked_leaf_batch(value, view.shape, view.dtype, what)
         codes = self._action_codes
-        if rows is not None:
-            codes[k] = self._action_space_codes[k]
-            view[rows] = array
-            return None
         dtype = array.dtype
         if dtype is self._last_dtype[k]:
             code = self._last_code[k]

@@ -31,6 +31,18 @@ from shmvec.errors import ShmVecError, ShmVecTimeoutError
 
 __all__ = ["CommandRunner"]
 
+# This process's id, kept up to date in fork children: in_owner() is asked on
+# every async send and recv, where os.getpid() would cost a system call.
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 # The phase of the cycle while each kind of command is in flight.
 _PHASE_OF = {P.STEP: WAITING_STEP, P.RESET: WAITING_RESET, P.CALL: WAITING_CALL,
              P.SET_ATTR: WAITING_CALL}
@@ -72,7 +84,7 @@ class CommandRunner:
     def in_owner(self) -> bool:
         """Whether this is the process that made the engine, whose workers
         serve it only (not a fork child of it)."""
-        return os.getpid() == self.owner_pid
+        return _pid == self.owner_pid
 
     def check_owner(self) -> None:
         """Raises in a fork child: the workers serve the process that made
