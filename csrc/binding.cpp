@@ -206,6 +206,7 @@ class RowQueue {
     return out;
   }
   void drop(std::size_t n) { rows_.erase(rows_.begin(), rows_.begin() + std::min(n, rows_.size())); }
+  const int64_t* data() const { return rows_.data(); }
   void clear() { rows_.clear(); }
   void extend(const RowArray& rows) {
     if (rows.ndim() != 1) throw std::invalid_argument("env rows must be 1-D");
@@ -216,6 +217,22 @@ class RowQueue {
  private:
   std::vector<int64_t> rows_;
 };
+
+// recv()'s hand-out, in one native call that a Ctrl-C cannot cut: the first
+// `count` envs of `finished` leave it and are marked not in flight, and
+// `batch` (their results) is kept as front._handed_out until recv() returns
+// it. Everything is checked before anything changes.
+void hand_out(RowQueue& finished, std::size_t count, py::array& in_flight, const py::object& front,
+              const py::object& batch) {
+  bool* busy = mask_data(in_flight);
+  if (count > finished.size()) throw py::index_error("fewer rows queued than asked for");
+  const int64_t* row = finished.data();
+  for (std::size_t i = 0; i < count; ++i)
+    if (row[i] < 0 || row[i] >= in_flight.shape(0)) throw py::index_error("env row out of range");
+  for (std::size_t i = 0; i < count; ++i) busy[row[i]] = false;
+  finished.drop(count);
+  py::setattr(front, "_handed_out", batch);
+}
 
 // The front end's channel, bound to the mappings it points into.
 class PyFrontChannel {
@@ -287,6 +304,45 @@ class PyFrontChannel {
     if (status != kReady) return status;
     into.extend(channel_.pop_finished(count));
     return status;
+  }
+  // recv()'s usual batch in one call (see SendRecv.recv): waits as recv()
+  // does for `count` envs to finish (a failed wait returns its status, with
+  // nothing popped) and pops them onto `finished`. If one of them has an
+  // async record (infos, an episode's end, an error) it returns None and
+  // leaves them there for the Python path. Otherwise it copies their rows of
+  // `sources` (observations, rewards, terminations, truncations) into new
+  // arrays and hands them out (see hand_out) as the batch it returns:
+  // (those four, {"env_id": their ids}).
+  py::object take_batch(uint32_t count, const std::vector<int>& sentinels, double timeout_s, RowQueue& finished,
+                        py::array in_flight, const py::list& sources, const py::object& front) {
+    if (finished.size() != 0) throw std::logic_error("take_batch: envs are at hand already");
+    if (sources.size() != 4) throw std::invalid_argument("take_batch: four sources");
+    const int status = recv(count, sentinels, timeout_s, finished);
+    if (status != kReady) return py::int_(status);
+    py::array_t<int64_t> ids = finished.head(count);
+    const int64_t* row = ids.data();
+    for (uint32_t i = 0; i < count; ++i)
+      if (region().record(check_row(static_cast<uint32_t>(row[i])))->length) return py::none();
+    py::list arrays;
+    for (const auto& item : sources) {
+      if (!py::isinstance<py::array>(item)) throw std::invalid_argument("take_batch: a source is not an array");
+      auto source = py::reinterpret_borrow<py::array>(item);
+      if (source.ndim() < 1 || source.shape(0) != region().num_envs)
+        throw std::invalid_argument("take_batch: a source without a row per env");
+      const std::size_t bytes = row_bytes(source, "a source");
+      std::vector<py::ssize_t> shape(source.shape(), source.shape() + source.ndim());
+      shape[0] = count;
+      py::array out(source.dtype(), shape);
+      const char* from = static_cast<const char*>(source.data());
+      char* to = static_cast<char*>(out.mutable_data());
+      for (uint32_t i = 0; i < count; ++i) std::memcpy(to + i * bytes, from + row[i] * source.strides(0), bytes);
+      arrays.append(std::move(out));
+    }
+    py::dict infos;
+    infos["env_id"] = ids;
+    py::tuple batch = py::make_tuple(arrays[0], arrays[1], arrays[2], arrays[3], infos);
+    hand_out(finished, count, in_flight, front, batch);
+    return std::move(batch);
   }
   // Waits as recv() does, popping nothing: a WaitStatus. Only reads the
   // rings, so another thread may send() meanwhile (a Ray actor does).
@@ -512,21 +568,11 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("fn"),
      "Calls fn(*args) with Ctrl-C held: a KeyboardInterrupt that would cut an env's step in two is "
      "raised once fn returns; a second Ctrl-C interrupts fn at once.");
-  m.def("hand_out", [](RowQueue& finished, std::size_t count, py::array in_flight, const py::object& front,
-                       const py::object& batch) {
-    // Checked before anything changes; then nothing can raise but setattr.
-    bool* busy = mask_data(in_flight);
-    const py::array_t<int64_t> rows = finished.head(count);
-    const int64_t* row = rows.data();
-    for (std::size_t i = 0; i < count; ++i)
-      if (row[i] < 0 || row[i] >= in_flight.shape(0)) throw py::index_error("env row out of range");
-    for (std::size_t i = 0; i < count; ++i) busy[row[i]] = false;
-    finished.drop(count);
-    py::setattr(front, "_handed_out", batch);
-  }, py::arg("finished"), py::arg("count"), py::arg("in_flight"), py::arg("front"), py::arg("batch"),
-     "recv()'s hand-out in one call, which a Ctrl-C cannot cut: the first `count` envs of `finished` "
-     "leave it and are marked not in flight, and `batch` (their results) is kept as "
-     "front._handed_out until recv() returns it.");
+  m.def("hand_out", &hand_out, py::arg("finished"), py::arg("count"), py::arg("in_flight"), py::arg("front"),
+        py::arg("batch"),
+        "recv()'s hand-out in one call, which a Ctrl-C cannot cut: the first `count` envs of `finished` "
+        "leave it and are marked not in flight, and `batch` (their results) is kept as "
+        "front._handed_out until recv() returns it.");
   m.def("write_rows", &write_rows, py::arg("ids"), py::arg("views"), py::arg("values"),
         "Writes values[k] (a row per env id) into rows `ids` of views[k], one memcpy a row.");
   m.def("env_ids_problem", [](const RowArray& ids, const py::array_t<bool, py::array::c_style>& in_flight) {
@@ -580,6 +626,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("sent_count", &PyFrontChannel::sent_count)
       .def("recv", &PyFrontChannel::recv, py::arg("count"), py::arg("sentinels"), py::arg("timeout"),
            py::arg("into"))
+      .def("take_batch", &PyFrontChannel::take_batch, py::arg("count"), py::arg("sentinels"), py::arg("timeout"),
+           py::arg("finished"), py::arg("in_flight"), py::arg("sources"), py::arg("front"))
       .def("wait_finished", &PyFrontChannel::wait_finished, py::arg("count"), py::arg("sentinels"),
            py::arg("timeout") = -1.0)
       .def("async_progress", &PyFrontChannel::async_progress)

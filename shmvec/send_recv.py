@@ -116,6 +116,14 @@ class SendRecv:
         resets = min(len(self._reset_ready), self.batch_size)
         stepped = self.batch_size - resets
         steps = self._engine.async_steps
+        sources = self._io.batch_sources
+        if sources is not None and not resets and not len(self._finished) and not self._restarts:
+            # The usual batch (workers step the envs, none of them returned
+            # infos): taken and handed out in one native call.
+            batch = steps.take_batch(stepped, self._finished, self._in_flight, sources, self)
+            if batch is not None:
+                self._handed_out = None
+                return batch
         while len(self._finished) < stepped:
             steps.recv(stepped - len(self._finished), self._finished)
             if self._engine.restarted_rows:

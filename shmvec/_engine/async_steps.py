@@ -15,7 +15,7 @@ flight.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -89,6 +89,19 @@ class AsyncSteps:
         if code != 0 and pool.restart and self._restart():
             return
         pool.check_wait(code)
+
+    def take_batch(self, count: int, finished: _core.RowQueue, in_flight: np.ndarray, sources: list,
+                   front: Any) -> tuple | None:
+        """recv()'s usual batch in one native call, without restarts (see
+        ``FrontChannel.take_batch``): the batch, handed out, or None when one
+        of its envs has a record (they wait in `finished` for recv()). Only
+        with nothing in `finished`."""
+        self._engine.check_owner()
+        pool = self._pool
+        taken = self._channel.take_batch(count, pool.sentinels, pool.timeout, finished, in_flight, sources, front)
+        if type(taken) is int:
+            pool.check_wait(taken)  # raises
+        return taken
 
     def _restart(self) -> bool:
         """Replaces workers that died, or that have had envs in flight and
@@ -204,6 +217,11 @@ class CallerSteps:
                 self._records[record[0]] = StepRecord._make(record)
         del self._queue[:count]  # in place: no copy of the envs still queued
         into.extend(rows)
+
+    def take_batch(self, count: int, finished: _core.RowQueue, in_flight: np.ndarray, sources: list,
+                   front: Any) -> None:
+        """None: the caller steps the envs in recv()."""
+        return None
 
     def wait_finished(self, count: int, timeout: float) -> bool:
         """Whether `count` envs are queued, the next recv() steps them

@@ -131,6 +131,10 @@ class BatchIO:
         self.truncations = views["truncations"]
         self._single_action = is_single_fixed_leaf(action_space)
         self._single_obs = is_single_fixed_leaf(observation_space)
+        # What async recv() copies in one native call (AsyncSteps.take_batch),
+        # for observations of one fixed-shape leaf.
+        self.batch_sources = [self.obs_views[0], self.rewards, self.terminations, self.truncations] \
+            if self._single_obs else None
         self._flatten_actions = flattener(action_space)
         self._flatten_obs, self._unflatten_obs = flattener(observation_space), unflattener(observation_space)
         self._zero_dim = [leaf.zero_dim_array for leaf in engine.layout.observation_leaves]
