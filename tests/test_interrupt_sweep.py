@@ -192,7 +192,10 @@ def test_ctrl_c_at_every_point_of_recv_and_send_loses_no_env(num_workers, mode, 
         for t, got in enumerate(env_rows[1:], 1):
             want = tuple(x[i] for x in expected[t])
             assert np.array_equal(got[0], want[0]) and got[1:] == want[1:], (i, t, got, want)
-    assert interrupted >= 50, interrupted  # the sweep did reach into shmvec's calls
+    # The sweep did reach into shmvec's calls. With workers, send() and most
+    # recv()s are one native call each, with few points around them: 48-61
+    # calls are cut short (Python 3.10 and 3.11), 124 without workers.
+    assert interrupted >= 30, interrupted
 
 
 def test_ctrl_c_at_every_point_of_an_sb3_step_wait_loses_no_step(default_sigint, closing):
