@@ -308,21 +308,33 @@ class PyFrontChannel {
   // recv()'s usual batch in one call (see SendRecv.recv): waits as recv()
   // does for `count` envs to finish (a failed wait returns its status, with
   // nothing popped) and pops them onto `finished`. If one of them has an
-  // async record (infos, an episode's end, an error) it returns None and
-  // leaves them there for the Python path. Otherwise it copies their rows of
-  // `sources` (observations, rewards, terminations, truncations) into new
-  // arrays and hands them out (see hand_out) as the batch it returns:
-  // (those four, {"env_id": their ids}).
+  // async record (infos that are not columns, an episode's end, an error),
+  // or has its info in columns while `info_columns` is None (the slices
+  // have not all shown one schema yet), it returns None and leaves them
+  // there for the Python path. Otherwise it copies their rows of `sources`
+  // (observations, rewards, terminations, truncations) into new arrays,
+  // reads their infos from the columns (see info_batch) and hands them out
+  // (see hand_out) as the batch it returns: (those four, infos), with
+  // infos["env_id"] their ids.
   py::object take_batch(uint32_t count, const std::vector<int>& sentinels, double timeout_s, RowQueue& finished,
-                        py::array in_flight, const py::list& sources, const py::object& front) {
+                        py::array in_flight, const py::list& sources, const py::array& info_flags,
+                        const py::object& info_columns, const py::object& front) {
     if (finished.size() != 0) throw std::logic_error("take_batch: envs are at hand already");
     if (sources.size() != 4) throw std::invalid_argument("take_batch: four sources");
+    if (info_flags.ndim() != 1 || info_flags.itemsize() != 1 || !(info_flags.flags() & py::array::c_style) ||
+        info_flags.shape(0) != region().num_envs)
+      throw std::invalid_argument("take_batch: info flags must be a (num_envs,) uint8 array");
     const int status = recv(count, sentinels, timeout_s, finished);
     if (status != kReady) return py::int_(status);
     py::array_t<int64_t> ids = finished.head(count);
     const int64_t* row = ids.data();
-    for (uint32_t i = 0; i < count; ++i)
+    const auto* flags = static_cast<const uint8_t*>(info_flags.data());
+    bool any_info = false;
+    for (uint32_t i = 0; i < count; ++i) {
       if (region().record(check_row(static_cast<uint32_t>(row[i])))->length) return py::none();
+      any_info = any_info || flags[row[i]];
+    }
+    if (any_info && info_columns.is_none()) return py::none();
     py::list arrays;
     for (const auto& item : sources) {
       if (!py::isinstance<py::array>(item)) throw std::invalid_argument("take_batch: a source is not an array");
@@ -338,7 +350,8 @@ class PyFrontChannel {
       for (uint32_t i = 0; i < count; ++i) std::memcpy(to + i * bytes, from + row[i] * source.strides(0), bytes);
       arrays.append(std::move(out));
     }
-    py::dict infos;
+    py::dict infos = any_info ? info_batch(info_flags, py::reinterpret_borrow<py::list>(info_columns), ids)
+                              : py::dict();
     infos["env_id"] = ids;
     py::tuple batch = py::make_tuple(arrays[0], arrays[1], arrays[2], arrays[3], infos);
     hand_out(finished, count, in_flight, front, batch);
@@ -581,9 +594,9 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("ids"), py::arg("in_flight"),
         "What is wrong with send()'s env ids: 0 nothing, 1 one is out of range, 2 one is repeated, "
         "3 one is in flight (`in_flight`: a bool per env).");
-  m.def("info_batch", &info_batch, py::arg("flags"), py::arg("columns"),
-        "The infos of a step from its info columns, as VectorEnv._add_info builds them (see "
-        "csrc/info_columns.hpp).");
+  m.def("info_batch", &info_batch, py::arg("flags"), py::arg("columns"), py::arg("rows") = py::none(),
+        "The infos of a step (or of an async batch's `rows`) from the info columns, as "
+        "VectorEnv._add_info builds them (see csrc/info_columns.hpp).");
   m.def("async_region_size", &AsyncRegion::size, py::arg("num_envs"), py::arg("num_workers"),
         py::arg("record_capacity"));
 
@@ -627,7 +640,8 @@ PYBIND11_MODULE(_core, m) {
       .def("recv", &PyFrontChannel::recv, py::arg("count"), py::arg("sentinels"), py::arg("timeout"),
            py::arg("into"))
       .def("take_batch", &PyFrontChannel::take_batch, py::arg("count"), py::arg("sentinels"), py::arg("timeout"),
-           py::arg("finished"), py::arg("in_flight"), py::arg("sources"), py::arg("front"))
+           py::arg("finished"), py::arg("in_flight"), py::arg("sources"), py::arg("info_flags"),
+           py::arg("info_columns"), py::arg("front"))
       .def("wait_finished", &PyFrontChannel::wait_finished, py::arg("count"), py::arg("sentinels"),
            py::arg("timeout") = -1.0)
       .def("async_progress", &PyFrontChannel::async_progress)
@@ -660,7 +674,7 @@ PYBIND11_MODULE(_core, m) {
       .def("step_row", &Stepper::step_row, py::arg("row"))
       .def("step_rows", &Stepper::step_rows, py::arg("rows"))
       .def("write_observation", &Stepper::write_observation, py::arg("row"), py::arg("obs"))
-      .def("clear_autoreset", &Stepper::clear_autoreset, py::arg("row"))
+      .def("reset_done", &Stepper::reset_done, py::arg("row"))
       .def("mark_restarted", &Stepper::mark_restarted, py::arg("row"))
       .def("attach_info_columns", &Stepper::attach_info_columns, py::arg("values"), py::arg("flags"),
            py::arg("types"))

@@ -64,8 +64,12 @@ class Stepper {
   // Writes an observation of env `row` (e.g. after an explicit reset) and
   // returns its non-fixed leaves (a list) or None.
   py::object write_observation(py::ssize_t row, py::handle obs);
-  // After an explicit reset the env is no longer waiting for an autoreset.
-  void clear_autoreset(py::ssize_t row) { needs_reset_.at(row - first_row_) = kNone; }
+  // After an explicit reset the env is no longer waiting for an autoreset,
+  // and its info (which travels in the reset's record) is not in columns.
+  void reset_done(py::ssize_t row) {
+    needs_reset_.at(row - first_row_) = kNone;
+    if (info_flags_) info_flags_[row] = 0;
+  }
   // The env was rebuilt after its process died: its next step, whatever the
   // action, reports the episode cut short as the autoreset mode reports any
   // truncation. Reward 0, truncated, info {"shmvec_restarted": True}; the
@@ -74,7 +78,7 @@ class Stepper {
   // DISABLED, where the caller resets it; SAME_STEP resets it at once.
   void mark_restarted(py::ssize_t row) { needs_reset_.at(row - first_row_) = kRestarted; }
 
-  // Infos as columns (sync mode): `values` is a (num_envs, C) int64 array
+  // Infos as columns: `values` is a (num_envs, C) int64 array
   // whose 8-byte cells hold doubles or int64s, `flags` a (num_envs,) uint8
   // array, `types` a dict {value type: 0 (stored as double) or 1 (int64)}.
   // The first step info whose keys are strings and whose values all have a
@@ -129,7 +133,7 @@ class Stepper {
   py::ssize_t failed_row_ = -1;
   py::str step_name_, reset_name_, tolist_name_, restarted_key_;
   py::array keep_rewards_, keep_terminations_, keep_truncations_;
-  // Info columns; info_flags_ is null while they are off (async mode).
+  // Info columns; info_flags_ is null until they are attached.
   py::array keep_info_values_, keep_info_flags_;
   int64_t* info_values_ = nullptr;
   uint8_t* info_flags_ = nullptr;

@@ -118,8 +118,8 @@ class SendRecv:
         steps = self._engine.async_steps
         sources = self._io.batch_sources
         if sources is not None and not resets and not len(self._finished) and not self._restarts:
-            # The usual batch (workers step the envs, none of them returned
-            # infos): taken and handed out in one native call.
+            # The usual batch (workers step the envs, their infos are in
+            # columns or empty): taken and handed out in one native call.
             batch = steps.take_batch(stepped, self._finished, self._in_flight, sources, self)
             if batch is not None:
                 self._handed_out = None
@@ -134,7 +134,10 @@ class SendRecv:
             reset_rows = self._reset_ready[:resets]
             ids = np.concatenate((np.array(reset_rows, dtype=np.int64), ids))
             records = [self._reset_records[r] for r in reset_rows if r in self._reset_records] + records
-        infos = vectorize_batch(self._io, records, ids)  # first: it stores observation leaves without a fixed shape
+        columns = self._engine.info_columns
+        infos = columns.batch(ids) if not records else None
+        if infos is None:  # first: it stores observation leaves without a fixed shape
+            infos = vectorize_batch(self._io, records, ids, columns)
         infos["env_id"] = ids
         io = self._io
         result = (io.observations_at(ids), io.rewards.take(ids), io.terminations.take(ids),

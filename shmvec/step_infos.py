@@ -4,7 +4,7 @@ step's records, env by env, with Gymnasium's own ``VectorEnv._add_info``; an
 episode that ended in the step adds its final observation and info as the
 installed Gymnasium does (``_gym_compat.episode_end_infos``). The common case,
 every info in columns or none at all, never gets here: ``InfoColumns.batch``
-builds it with array copies."""
+builds it with array copies (async batches too: ``InfoColumns.batch(rows)``)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,22 @@ def _add_env_infos(target: VectorEnv, infos: dict[str, Any], row: int, info: dic
     return infos
 
 
+def _add_row(target: VectorEnv, infos: dict[str, Any], io: BatchIO, position: int, row: int,
+             record: StepRecord | None, columns: InfoColumns | None) -> dict[str, Any]:
+    """Adds env `row`'s infos of a step, at `position` of the batch: from its
+    record (storing its observation leaves without a fixed shape in `io`)
+    and from `columns`, where its info is unless the record has it."""
+    info = ended = final_info = final_obs = None
+    if record is not None:
+        info, ended, final_info = record.info, record.ended, record.final_info
+        io.update_objects(row, record.objects)
+        if ended:
+            final_obs = io.final_obs(row, record.final_obs)
+    if info is None and columns is not None and columns.flags[row]:
+        info = columns.row(row)
+    return _add_env_infos(target, infos, position, info, ended, final_obs, final_info)
+
+
 def vectorize(target: VectorEnv, io: BatchIO, records: list[StepRecord],
               columns: InfoColumns | None = None) -> dict[str, Any]:
     """The infos of a step (or reset) of every env of `target`: its records
@@ -50,29 +66,19 @@ def vectorize(target: VectorEnv, io: BatchIO, records: list[StepRecord],
     by_row = {record.row: record for record in records}
     rows = sorted(by_row.keys() | set(columns.rows().tolist())) if columns is not None else list(by_row)
     for row in rows:
-        info = ended = final_info = final_obs = None
-        record = by_row.get(row)
-        if record is not None:
-            info, ended, final_info = record.info, record.ended, record.final_info
-            io.update_objects(row, record.objects)
-            if ended:
-                final_obs = io.final_obs(row, record.final_obs)
-        if info is None and columns is not None and columns.flags[row]:
-            info = columns.row(row)
-        infos = _add_env_infos(target, infos, row, info, ended, final_obs, final_info)
+        infos = _add_row(target, infos, io, row, row, by_row.get(row), columns)
     return infos
 
 
-def vectorize_batch(io: BatchIO, records: list[StepRecord], rows: np.ndarray) -> dict[str, Any]:
+def vectorize_batch(io: BatchIO, records: list[StepRecord], rows: np.ndarray,
+                    columns: InfoColumns) -> dict[str, Any]:
     """Like vectorize, for a batch of async results: `rows` are the batch's
     envs in their order in it."""
-    if not records:  # most batches: no env returned infos
-        return {}
+    by_row = {record.row: record for record in records}
     batch = _InfoBatch(len(rows))
-    position = {row: i for i, row in enumerate(rows.tolist())}
     infos: dict[str, Any] = {}
-    for r in sorted(records, key=lambda r: position[r.row]):
-        final_obs = io.final_obs(r.row, r.final_obs) if r.ended else None
-        io.update_objects(r.row, r.objects)
-        infos = _add_env_infos(batch, infos, position[r.row], r.info, r.ended, final_obs, r.final_info)
+    for position, row in enumerate(rows.tolist()):
+        record = by_row.get(row)
+        if record is not None or columns.flags[row]:
+            infos = _add_row(batch, infos, io, position, row, record, columns)
     return infos

@@ -11,10 +11,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
-from helpers import AUTORESETTING_MODES, MODES, assert_same, mode_id, run_lockstep, sync_pair
+from gymnasium.vector import SyncVectorEnv
+from helpers import AUTORESETTING_MODES, MODES, assert_same, autoreset_kwargs, mode_id, run_lockstep, sync_pair
 
 import shmvec
-from shmvec._engine.info_columns import INFO_STORAGE
+from shmvec._engine.info_columns import INFO_STORAGE, InfoColumns
+from shmvec._gym_compat import VectorEnv
 
 LAYOUTS = [(1, True), (2, False), (0, True)]
 
@@ -129,3 +131,105 @@ def test_sb3_infos_from_columns_match_dummy_vec_env():
                 assert_same(shm.reset_infos, dummy.reset_infos, f"{pattern} reset infos {t}")
         finally:
             shm.close(), dummy.close()
+
+
+class _RecordingSync(SyncVectorEnv):
+    """SyncVectorEnv that keeps the infos it batched in its last step or
+    reset, as it passed them to _add_info (the env's own, and its final
+    observation and info where an episode ended)."""
+
+    def reset(self, **kwargs):
+        self.added = []
+        return super().reset(**kwargs)
+
+    def step(self, actions):
+        self.added = []
+        return super().step(actions)
+
+    def _add_info(self, infos, info, env_num):
+        if self._depth == 0:  # not _add_info's own calls for nested dicts
+            self.added.append(info)
+        self._depth += 1
+        try:
+            return super()._add_info(infos, info, env_num)
+        finally:
+            self._depth -= 1
+
+    _depth = 0
+
+
+class _Batch(VectorEnv):
+    """Gymnasium's own _add_info over a batch of `num_envs` positions."""
+
+    def __init__(self, num_envs: int):
+        self.num_envs = num_envs
+
+
+@pytest.mark.parametrize("num_workers", [2, 0], ids=["workers", "caller-steps-all"])
+@pytest.mark.parametrize("mode", AUTORESETTING_MODES, ids=mode_id)
+@pytest.mark.parametrize("pattern", ["same", "sometimes_empty", "every_type", "other_schema", "odd_values",
+                                     "big_ints"])
+def test_async_batch_infos_match_add_info(pattern, mode, num_workers, closing):
+    """Each recv() batch's infos are what Gymnasium's _add_info builds from
+    its envs' own infos in batch order (keys, order, masks, dtypes), whether
+    they came in columns, in records, or both."""
+    num_envs, batch_size = 5, 2
+    fns = [functools.partial(InfoEnv, i, pattern) for i in range(num_envs)]
+    envs = shmvec.ShmVecEnv(fns, batch_size=batch_size, num_workers=num_workers, start_method="fork",
+                            **autoreset_kwargs(mode))
+    refs = [_RecordingSync([fn], **autoreset_kwargs(mode)) for fn in fns]
+    for vector_env in (envs, *refs):
+        closing(vector_env)
+    expected = [None] * num_envs  # per env: (obs, reward, terminated, truncated, the infos _add_info got)
+    envs.async_reset(seed=0)
+    for i, ref in enumerate(refs):
+        obs, _ = ref.reset(seed=i)
+        expected[i] = (obs[0], 0.0, False, False, ref.added)
+    rng = np.random.default_rng(0)
+    for t in range(60):
+        obs, rewards, terminations, truncations, infos = envs.recv()
+        ids = infos.pop("env_id")
+        infos_of_batch = {}
+        batch = _Batch(batch_size)
+        for k, i in enumerate(ids.tolist()):
+            want_obs, want_reward, want_term, want_trunc, info = expected[i]
+            assert_same(obs[k], want_obs, f"round {t} env {i} obs")
+            assert (rewards[k], terminations[k], truncations[k]) == (want_reward, want_term, want_trunc)
+            for part in info:
+                infos_of_batch = batch._add_info(infos_of_batch, part, k)
+        assert_same(infos, infos_of_batch, f"round {t} infos of envs {ids.tolist()}")
+        actions = rng.integers(0, 2, size=batch_size)
+        for k, i in enumerate(ids.tolist()):
+            obs_i, reward, terminated, truncated, _ = refs[i].step(actions[k:k + 1])
+            expected[i] = (obs_i[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), refs[i].added)
+        envs.send(actions, ids)
+
+
+def test_async_common_case_takes_the_columns(closing, monkeypatch):
+    """In async mode too, once every worker has shown its schema, a batch
+    whose infos are all in columns is built in recv()'s one native call:
+    never env by env, nor through InfoColumns.batch in Python."""
+    import shmvec.send_recv
+
+    python_paths = []
+    vectorize_batch, batch = shmvec.send_recv.vectorize_batch, InfoColumns.batch
+    monkeypatch.setattr(shmvec.send_recv, "vectorize_batch",
+                        lambda *args: python_paths.append("vectorize_batch") or vectorize_batch(*args))
+    monkeypatch.setattr(InfoColumns, "batch", lambda *args: python_paths.append("batch") or batch(*args))
+    fns = [functools.partial(InfoEnv, i, "same", max_steps=1000) for i in range(4)]
+    envs = shmvec.ShmVecEnv(fns, batch_size=2, num_workers=2, start_method="fork")
+    closing(envs)
+    envs.async_reset(seed=0)
+    for t in range(30):
+        if t == 10:
+            assert envs._engine.info_columns.columns is not None  # both schemas fetched
+            python_paths.clear()
+        obs, *_, infos = envs.recv()
+        ids = infos["env_id"]
+        envs.send(np.zeros(2, np.int64), ids)
+    assert python_paths == []
+    assert list(infos) == ["x_position", "_x_position", "lives", "_lives", "alive", "_alive",
+                           "reward_ctrl", "_reward_ctrl", "frame", "_frame", "env_id"]
+    steps = np.rint(obs[:, 0] * 10)  # each env's step count (InfoEnv's observation)
+    assert infos["x_position"].tolist() == (steps * 0.5 + ids).tolist()
+    assert infos["frame"].dtype == np.int32 and infos["_frame"].all()

@@ -93,12 +93,13 @@ class AsyncSteps:
     def take_batch(self, count: int, finished: _core.RowQueue, in_flight: np.ndarray, sources: list,
                    front: Any) -> tuple | None:
         """recv()'s usual batch in one native call, without restarts (see
-        ``FrontChannel.take_batch``): the batch, handed out, or None when one
-        of its envs has a record (they wait in `finished` for recv()). Only
-        with nothing in `finished`."""
+        ``FrontChannel.take_batch``): the batch, handed out, infos from the
+        info columns included, or None when one of its envs has a record
+        (they wait in `finished` for recv()). Only with nothing in `finished`."""
         self._engine.check_owner()
-        pool = self._pool
-        taken = self._channel.take_batch(count, pool.sentinels, pool.timeout, finished, in_flight, sources, front)
+        pool, columns = self._pool, self._engine.info_columns
+        taken = self._channel.take_batch(count, pool.sentinels, pool.timeout, finished, in_flight, sources,
+                                         columns.flags, columns.columns, front)
         if type(taken) is int:
             pool.check_wait(taken)  # raises
         return taken

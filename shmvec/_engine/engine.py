@@ -179,7 +179,7 @@ class Engine(CommandRunner):
         self._data = _core.Mapping(self.pool.fds[1], total)
         self.views = self.layout.views(self._data)
         engine = weakref.ref(self)  # no cycle: an engine dropped unclosed is collected at once
-        self.info_columns = None if self.async_mode else InfoColumns(
+        self.info_columns = InfoColumns(
             self.views["info_values"], self.views["info_flags"], self._slice_rows(),
             lambda k: engine()._info_schema(k))
         self.views["action_dtypes"][:] = self.layout.action_space_codes  # until the first batch
@@ -221,8 +221,7 @@ class Engine(CommandRunner):
             self.transport.collect([w])
             self.transport.request(P.ATTACH, [self._attach_request], [w])
             self.transport.request(P.MARK_RESTARTED, None, [w])
-            if self.info_columns is not None:
-                self.info_columns.forget(w + (1 if self._caller is not None else 0))
+            self.info_columns.forget(w + (1 if self._caller is not None else 0))
             self.restarted_rows += list(self.worker_rows[w])
 
     def mark_restarted(self) -> None:

@@ -104,8 +104,7 @@ class EnvSlice:
             autoreset_mode=autoreset_code,
             write_fallback=write_leaf_fallback,
         )
-        if layout.async_offset is None:  # async records carry their infos themselves
-            self.stepper.attach_info_columns(views["info_values"], views["info_flags"], INFO_STORAGE)
+        self.stepper.attach_info_columns(views["info_values"], views["info_flags"], INFO_STORAGE)
 
     def step(self, object_actions: list | None = None):
         try:
@@ -135,7 +134,7 @@ class EnvSlice:
                 raise ValueError(f"env {row}: reset() must return (obs, info), got {type(result).__name__}")
             obs, info = result
             objects = self.stepper.write_observation(row, obs)
-            self.stepper.clear_autoreset(row)
+            self.stepper.reset_done(row)
             if info or objects is not None:
                 records.append((row, info if info else None, False, None, objects, None))
         self.failed_row = -1

@@ -83,15 +83,23 @@ class InfoColumns:
         """The rows whose info of the last step is in columns."""
         return np.flatnonzero(self.flags)
 
-    def batch(self) -> dict[str, Any] | None:
-        """The vectorized infos of the last step, if every row's info is in
+    @property
+    def columns(self) -> list[tuple] | None:
+        """Per column (key, mask key, cells, dtype), for ``_core.info_batch``,
+        once every slice has shown one schema; else None."""
+        return self._columns
+
+    def batch(self, rows: np.ndarray | None = None) -> dict[str, Any] | None:
+        """The vectorized infos of the last step (of the envs of `rows`, in
+        that order: an async batch), if every one of their infos is in
         columns (or absent) and all share one schema; else None."""
-        flags = self.flags
+        flags = self.flags if rows is None else self.flags[rows]
         columns = self._columns
         if columns is None:  # until every slice has shown its schema
             if not flags[flags.argmax()]:  # most envs return no infos at all (argmax: no Python-level numpy call)
                 return {}
-            used = [k for k, rows in enumerate(self._slices) if flags[rows.start:rows.stop].any()]
+            flagged = np.flatnonzero(flags) if rows is None else rows[flags != 0]
+            used = np.unique(self._of_row[flagged]).tolist()  # the slices whose schemas they use
             schema = self._schema(used[0])
             if any(self._schema(k) != schema for k in used[1:]):
                 return None
@@ -99,7 +107,7 @@ class InfoColumns:
         # Per column, its values cast to the dtype (0 where absent) and a mask
         # of its own; {} when no env had an info. One native call: numpy calls
         # per key cost more than a cheap env's step.
-        return _core.info_batch(flags, columns)
+        return _core.info_batch(self.flags, columns, rows)
 
     def row(self, row: int) -> dict[str, Any]:
         """One row's info, as the env returned it (same value types)."""
