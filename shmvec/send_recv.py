@@ -120,6 +120,7 @@ class SendRecv:
         if sources is not None and not resets and not len(self._finished) and not self._restarts:
             # The usual batch (workers step the envs, their infos are in
             # columns or empty): taken and handed out in one native call.
+            # Not with restarts, whose batches io.remember() below.
             batch = steps.take_batch(stepped, self._finished, self._in_flight, sources, self)
             if batch is not None:
                 self._handed_out = None

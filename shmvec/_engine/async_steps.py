@@ -43,6 +43,7 @@ class AsyncSteps:
         self._engine = engine
         self._pool = engine.pool
         self._channel = engine.pool.channel
+        self._info = engine.info_columns
         self._owner = [w for w, rows in enumerate(engine.worker_rows) for _ in rows]
         self._channel.attach_async(data, offset, engine.num_envs, RECORD_CAPACITY, self._owner)
         # Restarts: when each worker last finished an env (or had none in flight).
@@ -97,9 +98,9 @@ class AsyncSteps:
         info columns included, or None when one of its envs has a record
         (they wait in `finished` for recv()). Only with nothing in `finished`."""
         self._engine.check_owner()
-        pool, columns = self._pool, self._engine.info_columns
+        pool, info = self._pool, self._info
         taken = self._channel.take_batch(count, pool.sentinels, pool.timeout, finished, in_flight, sources,
-                                         columns.flags, columns.columns, front)
+                                         info.flags, info.columns, front)
         if type(taken) is int:
             pool.check_wait(taken)  # raises
         return taken

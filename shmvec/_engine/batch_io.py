@@ -177,7 +177,9 @@ class BatchIO:
         send() is given): per action leaf, its rows as a C-contiguous array in
         the space's dtype, for ``_core.write_rows``. The workers read every
         row in the space's dtype, since other envs may be reading theirs (a
-        lock-step batch keeps its own: see _write_leaf)."""
+        lock-step batch keeps its own: see _write_leaf); the action dtype
+        codes stay the space's, as the engine set them, since async mode
+        never steps in lock-step."""
         if self._single_action:
             leaves = [actions]
         else:
@@ -192,7 +194,6 @@ class BatchIO:
                 what = "actions" if self._single_action else f"action leaf {k}"
                 array = checked_leaf_batch(value, shape, view.dtype, what).astype(view.dtype, copy=False)
             rows.append(np.ascontiguousarray(array))
-            self._action_codes[k] = self._action_space_codes[k]
         return rows
 
     def _write_leaf(self, k: int, value: Any, what: str) -> list | None:

@@ -57,8 +57,9 @@ class InfoColumns:
         for k, rows in enumerate(self._slices):
             self._of_row[rows.start:rows.stop] = k
         # Once every slice has a schema and they are all one: per column,
-        # (key, mask key, cells, dtype), so that a batch is array copies only.
-        self._columns: list[tuple] | None = None
+        # (key, mask key, cells, dtype), so that a batch is array copies only
+        # (``_core.info_batch``, which async recv()'s take_batch calls too).
+        self.columns: list[tuple] | None = None
 
     def _schema(self, k: int) -> Schema:
         if self._schemas[k] is None:
@@ -66,14 +67,14 @@ class InfoColumns:
             if self._schemas[k] is None:
                 raise RuntimeError(f"shmvec: slice {k} wrote info columns without a schema")
             if None not in self._schemas and all(s == self._schemas[0] for s in self._schemas):
-                self._columns = self._columns_of(self._schemas[0])
+                self.columns = self._columns_of(self._schemas[0])
         return self._schemas[k]
 
     def forget(self, k: int) -> None:
         """Slice k has a new stepper (its worker was restarted), which adopts
         a schema of its own."""
         self._schemas[k] = None
-        self._columns = None
+        self.columns = None
 
     def _columns_of(self, schema: Schema) -> list[tuple]:
         return [(key, f"_{key}", (self._ints if INFO_STORAGE[kind] else self._floats)[:, column], np.dtype(kind))
@@ -83,18 +84,12 @@ class InfoColumns:
         """The rows whose info of the last step is in columns."""
         return np.flatnonzero(self.flags)
 
-    @property
-    def columns(self) -> list[tuple] | None:
-        """Per column (key, mask key, cells, dtype), for ``_core.info_batch``,
-        once every slice has shown one schema; else None."""
-        return self._columns
-
     def batch(self, rows: np.ndarray | None = None) -> dict[str, Any] | None:
         """The vectorized infos of the last step (of the envs of `rows`, in
         that order: an async batch), if every one of their infos is in
         columns (or absent) and all share one schema; else None."""
         flags = self.flags if rows is None else self.flags[rows]
-        columns = self._columns
+        columns = self.columns
         if columns is None:  # until every slice has shown its schema
             if not flags[flags.argmax()]:  # most envs return no infos at all (argmax: no Python-level numpy call)
                 return {}
