@@ -18,6 +18,8 @@ GOALS = [
     ("pong-16", "shmvec", "limit", 0.9),
     ("halfcheetah-16", "shmvec", "limit", 0.9),
     ("halfcheetah-16", "shmvec", "envpool", 1.0),
+    # async mode with infos every step (one worker on 2 CPUs: the caller keeps one for a policy)
+    ("halfcheetah-16", "shmvec-async", "sync", 1.0),
     ("policy-64", "shmvec", "sync", 1.3),
     ("policy-64", "shmvec-async", "sync", 1.3),
     ("busy-64", "shmvec", "sync", 1.0),
