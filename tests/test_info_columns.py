@@ -173,8 +173,24 @@ def test_async_batch_infos_match_add_info(pattern, mode, num_workers, closing):
     """Each recv() batch's infos are what Gymnasium's _add_info builds from
     its envs' own infos in batch order (keys, order, masks, dtypes), whether
     they came in columns, in records, or both."""
-    num_envs, batch_size = 5, 2
-    fns = [functools.partial(InfoEnv, i, pattern) for i in range(num_envs)]
+    fns = [functools.partial(InfoEnv, i, pattern) for i in range(5)]
+    check_async_batches(fns, mode, num_workers, 2, 60, closing)
+
+
+def test_async_mujoco_infos_match_add_info(closing):
+    pytest.importorskip("mujoco")
+    make = functools.partial(gym.make, "HalfCheetah-v5", max_episode_steps=30)
+    for mode in AUTORESETTING_MODES:
+        check_async_batches([make] * 6, mode, 2, 3, 90, closing)
+
+
+def check_async_batches(fns, mode, num_workers, batch_size, rounds, closing):
+    """Sends random actions to the envs of `fns` in async mode for `rounds`
+    batches, and checks each batch against SyncVectorEnvs of one env each,
+    given the same actions: the observations, rewards and flags, and the
+    infos that _add_info builds over the batch from the infos each of those
+    passed to it."""
+    num_envs = len(fns)
     envs = shmvec.ShmVecEnv(fns, batch_size=batch_size, num_workers=num_workers, start_method="fork",
                             **autoreset_kwargs(mode))
     refs = [_RecordingSync([fn], **autoreset_kwargs(mode)) for fn in fns]
@@ -185,8 +201,9 @@ def test_async_batch_infos_match_add_info(pattern, mode, num_workers, closing):
     for i, ref in enumerate(refs):
         obs, _ = ref.reset(seed=i)
         expected[i] = (obs[0], 0.0, False, False, ref.added)
-    rng = np.random.default_rng(0)
-    for t in range(60):
+    space = envs.single_action_space
+    space.seed(0)
+    for t in range(rounds):
         obs, rewards, terminations, truncations, infos = envs.recv()
         ids = infos.pop("env_id")
         infos_of_batch = {}
@@ -198,7 +215,7 @@ def test_async_batch_infos_match_add_info(pattern, mode, num_workers, closing):
             for part in info:
                 infos_of_batch = batch._add_info(infos_of_batch, part, k)
         assert_same(infos, infos_of_batch, f"round {t} infos of envs {ids.tolist()}")
-        actions = rng.integers(0, 2, size=batch_size)
+        actions = np.stack([space.sample() for _ in ids])
         for k, i in enumerate(ids.tolist()):
             obs_i, reward, terminated, truncated, _ = refs[i].step(actions[k:k + 1])
             expected[i] = (obs_i[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), refs[i].added)
