@@ -321,14 +321,11 @@ class PyFrontChannel {
                         const py::object& info_columns, const py::object& front) {
     if (finished.size() != 0) throw std::logic_error("take_batch: envs are at hand already");
     if (sources.size() != 4) throw std::invalid_argument("take_batch: four sources");
-    if (info_flags.ndim() != 1 || info_flags.itemsize() != 1 || !(info_flags.flags() & py::array::c_style) ||
-        info_flags.shape(0) != region().num_envs)
-      throw std::invalid_argument("take_batch: info flags must be a (num_envs,) uint8 array");
+    const uint8_t* flags = info_flag_bytes(info_flags, region().num_envs, "take_batch");
     const int status = recv(count, sentinels, timeout_s, finished);
     if (status != kReady) return py::int_(status);
     py::array_t<int64_t> ids = finished.head(count);
     const int64_t* row = ids.data();
-    const auto* flags = static_cast<const uint8_t*>(info_flags.data());
     bool any_info = false;
     for (uint32_t i = 0; i < count; ++i) {
       if (region().record(check_row(static_cast<uint32_t>(row[i])))->length) return py::none();

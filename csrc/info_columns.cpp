@@ -56,10 +56,8 @@ py::array empty(const py::dtype& dtype, py::ssize_t n) { return new_array(dtype,
 }  // namespace
 
 py::dict info_batch(const py::array& flags, const py::list& columns, const py::object& rows_or_none) {
-  if (flags.ndim() != 1 || flags.itemsize() != 1 || !(flags.flags() & py::array::c_style))
-    throw std::invalid_argument("info flags must be a (num_envs,) uint8 array");
+  const uint8_t* all_flags = info_flag_bytes(flags, -1, "info_batch");
   const py::ssize_t num_envs = flags.shape(0);
-  const auto* all_flags = static_cast<const uint8_t*>(flags.data());
   // 0 or 1 per item (the stepper writes nothing else): also the bytes of
   // each bool mask.
   const uint8_t* present = all_flags;

@@ -6,9 +6,23 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
 namespace shmvec {
 
 namespace py = pybind11;
+
+// The bytes of `flags` (below), checked: std::invalid_argument naming `what`
+// unless it is a C-contiguous 1-d array of one-byte items, `num_envs` long
+// (any length when num_envs < 0).
+inline const uint8_t* info_flag_bytes(const py::array& flags, py::ssize_t num_envs, const char* what) {
+  if (flags.ndim() != 1 || flags.itemsize() != 1 || !(flags.flags() & py::array::c_style) ||
+      (num_envs >= 0 && flags.shape(0) != num_envs))
+    throw std::invalid_argument(std::string(what) + ": info flags must be a (num_envs,) uint8 array");
+  return static_cast<const uint8_t*>(flags.data());
+}
 
 // `flags`: (num_envs,) uint8, 1 where the row's info is in its cells, else 0.
 // `columns`: one tuple per key of the schema, (key, mask_key, cells, dtype),

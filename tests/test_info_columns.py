@@ -250,3 +250,14 @@ def test_async_common_case_takes_the_columns(closing, monkeypatch):
     steps = np.rint(obs[:, 0] * 10)  # each env's step count (InfoEnv's observation)
     assert infos["x_position"].tolist() == (steps * 0.5 + ids).tolist()
     assert infos["frame"].dtype == np.int32 and infos["_frame"].all()
+
+
+@pytest.mark.parametrize("flags", [np.zeros((2, 2), np.uint8), np.zeros(4, np.int64), np.zeros(8, np.uint8)[::2]],
+                         ids=["2d", "int64", "strided"])
+def test_info_batch_refuses_flags_of_the_wrong_kind(flags):
+    """The native reader checks the flags before reading a byte of them."""
+    from shmvec import _core
+
+    with pytest.raises(ValueError, match="info flags must be a"):
+        _core.info_batch(flags, [], None)
+    assert _core.info_batch(np.zeros(4, np.uint8), [], None) == {}
