@@ -341,10 +341,12 @@ py::object Stepper::step_row(py::ssize_t row) {
   return step_env(row - first_row_, py::none());
 }
 
-py::list Stepper::step_rows(const std::vector<py::ssize_t>& rows) {
+py::list Stepper::step_rows(const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& rows) {
+  if (rows.ndim() != 1) throw std::invalid_argument("env rows must be 1-D");
   py::list records;
-  for (py::ssize_t row : rows) {
-    py::object record = step_row(row);
+  const int64_t* row = rows.data();
+  for (py::ssize_t i = 0; i < rows.shape(0); ++i) {
+    py::object record = step_row(static_cast<py::ssize_t>(row[i]));
     if (!record.is_none()) records.append(std::move(record));
   }
   return records;

@@ -58,8 +58,9 @@ class Stepper {
   // Steps one env of the slice (async mode); returns its record or None.
   py::object step_row(py::ssize_t row);
   // Steps the envs of `rows` (async mode stepped by the caller, in recv()),
-  // in that order; returns the records of those that have one (as step()).
-  py::list step_rows(const std::vector<py::ssize_t>& rows);
+  // in that order (an int64 array, read with no Python int per env);
+  // returns the records of those that have one (as step()).
+  py::list step_rows(const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& rows);
 
   // Writes an observation of env `row` (e.g. after an explicit reset) and
   // returns its non-fixed leaves (a list) or None.

@@ -179,7 +179,7 @@ class CallerSteps:
     def __init__(self, engine: Engine, envs: EnvSlice):
         self._engine = engine
         self._envs = envs
-        self._queue: list[int] = []
+        self._queue = _core.RowQueue()  # envs sent, oldest first: int64 rows, no Python int per env
         self._records: dict[int, StepRecord] = {}
 
     def send_actions(self, ids: np.ndarray, in_flight: np.ndarray, views: list, values: list) -> int:
@@ -193,7 +193,7 @@ class CallerSteps:
         return problem
 
     def _queue_rows(self, ids: np.ndarray, in_flight: np.ndarray) -> None:
-        self._queue += ids.tolist()
+        self._queue.extend(ids)
         in_flight[ids] = True
 
     def recv(self, count: int, into: _core.RowQueue, discard: bool = False) -> None:
@@ -208,7 +208,7 @@ class CallerSteps:
         _core.run_holding_interrupt(self._take, count, into, discard)
 
     def _take(self, count: int, into: _core.RowQueue, discard: bool) -> None:
-        rows = self._queue[:count]
+        rows = self._queue.head(count)
         if not discard:
             try:
                 records = self._envs.step_rows(rows)
@@ -217,7 +217,7 @@ class CallerSteps:
                 raise
             for record in records:
                 self._records[record[0]] = StepRecord._make(record)
-        del self._queue[:count]  # in place: no copy of the envs still queued
+        self._queue.drop(count)
         into.extend(rows)
 
     def take_batch(self, count: int, finished: _core.RowQueue, in_flight: np.ndarray, sources: list,

@@ -113,7 +113,7 @@ class EnvSlice:
             self.failed_row = self.stepper.failed_row
             raise
 
-    def step_rows(self, rows: list[int]) -> list:
+    def step_rows(self, rows: np.ndarray) -> list:
         """Steps the envs of `rows` (async mode without workers); returns the
         records of those that have one."""
         try:
