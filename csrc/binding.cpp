@@ -18,6 +18,7 @@
 #include "channel.hpp"
 #include "info_columns.hpp"
 #include "platform.hpp"
+#include "row_array.hpp"
 #include "stepper.hpp"
 
 namespace py = pybind11;
@@ -27,13 +28,8 @@ namespace {
 
 constexpr uint32_t kStepCommand = 1;
 
-// Env rows as send() and recv() hand them over: the int64 array of
-// env ids the front end already holds (a list is converted by numpy), read
-// without a Python object per row.
-using RowArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-
 std::vector<uint32_t> row_vector(const RowArray& rows) {
-  if (rows.ndim() != 1) throw std::invalid_argument("env rows must be 1-D");
+  check_rows_1d(rows);
   std::vector<uint32_t> out(static_cast<std::size_t>(rows.shape(0)));
   const int64_t* row = rows.data();
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -48,7 +44,7 @@ std::vector<uint32_t> row_vector(const RowArray& rows) {
 // it: 0 nothing, 1 one out of [0, num_envs), 2 one repeated, 3 one in flight.
 // One native call instead of a few numpy reductions on every send().
 int env_ids_problem(const RowArray& ids, const bool* busy, int64_t num_envs) {
-  if (ids.ndim() != 1) throw std::invalid_argument("env ids must be 1-D");
+  check_rows_1d(ids, "env ids must be 1-D");
   const int64_t* id = ids.data();
   const py::ssize_t count = ids.shape(0);
   for (py::ssize_t i = 0; i < count; ++i)
@@ -97,7 +93,7 @@ bool same_storage(const py::dtype& a, const py::dtype& b) {
 // memcpy a row: numpy's fancy assignment of a 2-D batch takes microseconds.
 // Everything is checked before the first row is written.
 void write_rows(const RowArray& ids, const py::list& views, const py::list& values) {
-  if (ids.ndim() != 1) throw std::invalid_argument("env rows must be 1-D");
+  check_rows_1d(ids);
   if (views.size() != values.size()) throw std::invalid_argument("one batch of values per view");
   const int64_t* id = ids.data();
   const py::ssize_t count = ids.shape(0);
@@ -209,7 +205,7 @@ class RowQueue {
   const int64_t* data() const { return rows_.data(); }
   void clear() { rows_.clear(); }
   void extend(const RowArray& rows) {
-    if (rows.ndim() != 1) throw std::invalid_argument("env rows must be 1-D");
+    check_rows_1d(rows);
     rows_.insert(rows_.end(), rows.data(), rows.data() + rows.shape(0));
   }
   void extend(const std::vector<uint32_t>& rows) { rows_.insert(rows_.end(), rows.begin(), rows.end()); }

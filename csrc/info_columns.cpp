@@ -1,5 +1,6 @@
 #include "info_columns.hpp"
 #include "new_arrays.hpp"
+#include "row_array.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -63,11 +64,12 @@ py::dict info_batch(const py::array& flags, const py::list& columns, const py::o
   const uint8_t* present = all_flags;
   py::ssize_t n = num_envs;
   Rows rows{nullptr};
-  py::array_t<int64_t, py::array::c_style | py::array::forcecast> row_array;
+  RowArray row_array;
   std::vector<uint8_t> gathered;
   if (!rows_or_none.is_none()) {
-    row_array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows_or_none);
-    if (!row_array || row_array.ndim() != 1) throw std::invalid_argument("info rows must be a 1-d int array");
+    row_array = RowArray::ensure(rows_or_none);
+    if (!row_array) throw std::invalid_argument("info rows must be a 1-d int array");
+    check_rows_1d(row_array, "info rows must be a 1-d int array");
     n = row_array.shape(0);
     rows.rows = row_array.data();
     gathered.resize(static_cast<std::size_t>(n));

@@ -341,8 +341,8 @@ py::object Stepper::step_row(py::ssize_t row) {
   return step_env(row - first_row_, py::none());
 }
 
-py::list Stepper::step_rows(const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& rows) {
-  if (rows.ndim() != 1) throw std::invalid_argument("env rows must be 1-D");
+py::list Stepper::step_rows(const RowArray& rows) {
+  check_rows_1d(rows);
   py::list records;
   const int64_t* row = rows.data();
   for (py::ssize_t i = 0; i < rows.shape(0); ++i) {

@@ -9,6 +9,8 @@
 
 #include <vector>
 
+#include "row_array.hpp"
+
 namespace shmvec {
 
 namespace py = pybind11;
@@ -60,7 +62,7 @@ class Stepper {
   // Steps the envs of `rows` (async mode stepped by the caller, in recv()),
   // in that order (an int64 array, read with no Python int per env);
   // returns the records of those that have one (as step()).
-  py::list step_rows(const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& rows);
+  py::list step_rows(const RowArray& rows);
 
   // Writes an observation of env `row` (e.g. after an explicit reset) and
   // returns its non-fixed leaves (a list) or None.

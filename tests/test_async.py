@@ -362,6 +362,21 @@ def test_row_queue_keeps_finished_rows_in_order():
     assert len(queue) == 0
 
 
+def test_the_callers_stepper_takes_env_rows_as_an_array_and_checks_each(closing):
+    # Async mode without workers: recv() hands the caller's stepper the int64
+    # rows of its queue (no Python int per env); every row is still checked.
+    envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, batch_size=2, num_workers=0)
+    closing(envs)
+    envs.async_reset(seed=0)
+    caller_slice = envs._engine._caller
+    for bad, error, match in [(np.zeros((1, 1), np.int64), ValueError, "env rows must be 1-D"),
+                              (np.array([4]), IndexError, "row not in this slice"),
+                              (np.array([-1]), IndexError, "row not in this slice")]:
+        with pytest.raises(error, match=match):
+            caller_slice.step_rows(bad)
+    assert caller_slice.step_rows(np.array([], np.int64)) == []
+
+
 def test_the_async_channel_takes_env_rows_as_an_array_and_checks_each(closing):
     # send() hands the channel its int64 env ids as they are (no Python int
     # per env), and recv() its finished rows: every row is still checked.

@@ -15,6 +15,7 @@ from gymnasium.vector import SyncVectorEnv
 from helpers import AUTORESETTING_MODES, MODES, assert_same, autoreset_kwargs, mode_id, run_lockstep, sync_pair
 
 import shmvec
+from shmvec import _core
 from shmvec._engine.info_columns import INFO_STORAGE, InfoColumns
 from shmvec._gym_compat import VectorEnv
 
@@ -256,8 +257,15 @@ def test_async_common_case_takes_the_columns(closing, monkeypatch):
                          ids=["2d", "int64", "strided"])
 def test_info_batch_refuses_flags_of_the_wrong_kind(flags):
     """The native reader checks the flags before reading a byte of them."""
-    from shmvec import _core
-
     with pytest.raises(ValueError, match="info flags must be a"):
         _core.info_batch(flags, [], None)
     assert _core.info_batch(np.zeros(4, np.uint8), [], None) == {}
+
+
+def test_info_batch_refuses_rows_that_are_not_one_env_id_each():
+    flags = np.zeros(4, np.uint8)
+    with pytest.raises(ValueError, match="info rows must be a 1-d int array"):
+        _core.info_batch(flags, [], np.zeros((1, 1), np.int64))
+    with pytest.raises(IndexError, match="info row out of range"):
+        _core.info_batch(flags, [], np.array([4]))
+    assert _core.info_batch(flags, [], np.array([3, 0])) == {}
