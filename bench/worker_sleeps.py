@@ -1,0 +1,78 @@
+"""How often a worker sleeps instead of spinning: lock-step runs of cheap envs,
+each in a fresh process, with the worker's sleeps per second beside the
+steps/s.
+
+A worker whose spin thinks it lost its core sleeps through its waits for a
+back-off window (csrc/signal.hpp): every step then pays a futex wake-up. A
+run stuck in that mode shows tens of thousands of sleeps a second and half
+the steps/s or less (README, "Spinning backs off on a busy machine").
+Sleeps are the worker's voluntary context switches; involuntary ones (its
+core taken) are printed after the slash.
+
+    python bench/worker_sleeps.py [--runs R] [--envs N] [--seconds S] [--no-pin]
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def _switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of process `pid`."""
+    counts = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                counts[key] = int(value)
+    return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
+
+
+def one_run(num_envs: int, seconds: float, pin: bool) -> str:
+    import shmvec
+    from shmvec.testing import NoopEnv
+
+    envs = shmvec.ShmVecEnv([NoopEnv] * num_envs, num_workers=1, pin_workers="auto" if pin else False)
+    try:
+        envs.reset(seed=0)
+        actions = np.zeros(num_envs, dtype=np.int64)
+        for _ in range(2000):  # warm-up
+            envs.step(actions)
+        worker = envs._engine.pool.processes[0].pid
+        before, steps, start = _switches(worker), 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(500):
+                envs.step(actions)
+            steps += 500 * num_envs
+        elapsed = time.perf_counter() - start
+        after = _switches(worker)
+    finally:
+        envs.close()
+    return (f"{steps / elapsed / 1000:,.0f}k steps/s, worker sleeps {(after[0] - before[0]) / elapsed:,.0f}/s "
+            f"/ cores lost {(after[1] - before[1]) / elapsed:,.0f}/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--envs", type=int, default=8, help="NoopEnvs, half of them the worker's (default 8)")
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--no-pin", dest="pin", action="store_false", help="pin_workers=False (default \"auto\")")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a run, in its fresh process
+    args = parser.parse_args()
+    if args.one:
+        print(one_run(args.envs, args.seconds, args.pin), flush=True)
+        return
+    for run in range(args.runs):
+        command = [sys.executable, os.path.abspath(__file__), "--one", "--envs", str(args.envs),
+                   "--seconds", str(args.seconds)] + ([] if args.pin else ["--no-pin"])
+        line = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+        print(f"run {run + 1}: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
