@@ -238,13 +238,25 @@ def test_async_common_case_takes_the_columns(closing, monkeypatch):
     envs = shmvec.ShmVecEnv(fns, batch_size=2, num_workers=2, start_method="fork")
     closing(envs)
     envs.async_reset(seed=0)
-    for t in range(30):
-        if t == 10:
-            assert envs._engine.info_columns.columns is not None  # both schemas fetched
-            python_paths.clear()
+
+    def round_trip():
         obs, *_, infos = envs.recv()
-        ids = infos["env_id"]
-        envs.send(np.zeros(2, np.int64), ids)
+        envs.send(np.zeros(2, np.int64), infos["env_id"])
+        return obs, infos
+
+    # Until both workers' schemas are fetched: each is fetched with the first
+    # batch that holds a step of that worker's envs, which takes as many
+    # rounds as the other worker keeps finishing first (on two busy CPUs,
+    # more than ten).
+    for _ in range(1000):
+        if envs._engine.info_columns.columns is not None:
+            break
+        round_trip()
+    assert envs._engine.info_columns.columns is not None
+    python_paths.clear()
+    for _ in range(20):
+        obs, infos = round_trip()
+    ids = infos["env_id"]
     assert python_paths == []
     assert list(infos) == ["x_position", "_x_position", "lives", "_lives", "alive", "_alive",
                            "reward_ctrl", "_reward_ctrl", "frame", "_frame", "env_id"]

@@ -387,10 +387,13 @@ void test_spin_lost_to_a_thread_sleeps() {
 // beside a CPU hog, each wait handed the hog the core until the next tick
 // and spinning went on). A try in which the word was ready before the spin
 // gave up the core (no switch during the wait) proves nothing and is not
-// counted.
+// counted. One in which the switch came within the spin's first few
+// microseconds, before its first yield, may go unreported (that gap is
+// taken for the hypervisor's): one such try is allowed, at a tick's
+// chance of landing there (about 3 us in 4 ms); the old miss was every try.
 void test_spin_lost_to_the_peer_it_waits_for_reports_it() {
   const cpu_set_t all = pin_to_one_cpu();
-  int counted = 0;
+  int counted = 0, missed = 0;
   for (int attempt = 0; attempt < 20 && counted < 3; ++attempt) {
     std::atomic<uint32_t> word{0}, sleeping{0};
     std::atomic<bool> go{false}, stop{false};
@@ -415,7 +418,10 @@ void test_spin_lost_to_the_peer_it_waits_for_reports_it() {
     peer.join();
     CHECK(ok);
     if (switched == 0) continue;
-    CHECK(preempted);
+    if (!preempted) {
+      CHECK(++missed <= 1);
+      continue;
+    }
     ++counted;
   }
   CHECK(pthread_setaffinity_np(pthread_self(), sizeof all, &all) == 0);
