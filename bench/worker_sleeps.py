@@ -20,16 +20,13 @@ import time
 
 import numpy as np
 
+from shmvec.bench.measure import proc_field
+
 
 def _switches(pid: int) -> tuple[int, int]:
     """(voluntary, involuntary) context switches of process `pid`."""
-    counts = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            key, _, value = line.partition(":")
-            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
-                counts[key] = int(value)
-    return counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"]
+    status = f"/proc/{pid}/status"
+    return proc_field(status, "voluntary_ctxt_switches"), proc_field(status, "nonvoluntary_ctxt_switches")
 
 
 def one_run(num_envs: int, seconds: float, pin: bool) -> str:
@@ -70,7 +67,7 @@ def main() -> None:
     for run in range(args.runs):
         command = [sys.executable, os.path.abspath(__file__), "--one", "--envs", str(args.envs),
                    "--seconds", str(args.seconds)] + ([] if args.pin else ["--no-pin"])
-        line = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+        line = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
         print(f"run {run + 1}: {line}", flush=True)
 
 

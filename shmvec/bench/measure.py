@@ -25,7 +25,8 @@ from shmvec._engine.system import usable_cpus
 from shmvec.bench.peers import env_factory, single_action_space
 
 __all__ = ["action_batches", "plain_envs", "step_for", "warmup_seconds", "vector_rate", "async_rate", "mlp_policy",
-           "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "FreshProcess", "isolated"]
+           "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "proc_field", "FreshProcess",
+           "isolated"]
 
 # Actions are made beforehand and cycled through, so that making them costs
 # nothing in the timed loop. The cycle is long: a short one (it was 64
@@ -326,7 +327,10 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _kib(path: str, field: str) -> int:
+def proc_field(path: str, field: str) -> int:
+    """The number after `field:` in a /proc file such as /proc/PID/status
+    (kB for memory fields, a count for context switches); 0 if the process
+    ended meanwhile."""
     try:
         with open(path) as f:
             for line in f:
@@ -345,8 +349,8 @@ def tree_memory(pid: int | None = None) -> dict[str, float]:
     pids = [pid or os.getpid()]
     pids += _descendants(pids[0])
     return {
-        "peak_rss_mib": sum(_kib(f"/proc/{p}/status", "VmHWM") for p in pids) / 1024,
-        "pss_mib": sum(_kib(f"/proc/{p}/smaps_rollup", "Pss") for p in pids) / 1024,
+        "peak_rss_mib": sum(proc_field(f"/proc/{p}/status", "VmHWM") for p in pids) / 1024,
+        "pss_mib": sum(proc_field(f"/proc/{p}/smaps_rollup", "Pss") for p in pids) / 1024,
         "processes": len(pids),
     }
 
