@@ -9,7 +9,13 @@ the steps/s or less (README, "Spinning backs off on a busy machine").
 Sleeps are the worker's voluntary context switches; involuntary ones (its
 core taken) are printed after the slash.
 
-    python bench/worker_sleeps.py [--runs R] [--envs N] [--seconds S] [--no-pin]
+With --from-start there is no warm-up: the run is cut in slices of 0.1 s
+from the end of reset(), each printed as steps/s / worker sleeps per second,
+which shows how a fresh worker's first moments go (a worker that shares its
+CPU with threads of its own as it starts backs off: README, "A worker's
+first 0.1 s").
+
+    python bench/worker_sleeps.py [--runs R] [--envs N] [--seconds S] [--no-pin] [--from-start]
 """
 
 import argparse
@@ -29,7 +35,24 @@ def _switches(pid: int) -> tuple[int, int]:
     return proc_field(status, "voluntary_ctxt_switches"), proc_field(status, "nonvoluntary_ctxt_switches")
 
 
-def one_run(num_envs: int, seconds: float, pin: bool) -> str:
+SLICE_S = 0.1  # of a --from-start run
+
+
+def from_start(envs, actions, worker: int, seconds: float) -> str:
+    """Steps/s and worker sleeps/s in each slice of SLICE_S from now."""
+    slices = []
+    for _ in range(max(1, round(seconds / SLICE_S))):
+        before, steps, start = _switches(worker)[0], 0, time.perf_counter()
+        while time.perf_counter() - start < SLICE_S:
+            for _ in range(50):
+                envs.step(actions)
+            steps += 50 * len(actions)
+        elapsed = time.perf_counter() - start
+        slices.append(f"{steps / elapsed / 1000:,.0f}k/{(_switches(worker)[0] - before) / elapsed / 1000:,.1f}k")
+    return " ".join(slices)
+
+
+def one_run(num_envs: int, seconds: float, pin: bool, start: bool) -> str:
     import shmvec
     from shmvec.testing import NoopEnv
 
@@ -37,9 +60,11 @@ def one_run(num_envs: int, seconds: float, pin: bool) -> str:
     try:
         envs.reset(seed=0)
         actions = np.zeros(num_envs, dtype=np.int64)
+        worker = envs._engine.pool.processes[0].pid
+        if start:
+            return from_start(envs, actions, worker, seconds)
         for _ in range(2000):  # warm-up
             envs.step(actions)
-        worker = envs._engine.pool.processes[0].pid
         before, steps, start = _switches(worker), 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             for _ in range(500):
@@ -59,14 +84,17 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8, help="NoopEnvs, half of them the worker's (default 8)")
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="pin_workers=False (default \"auto\")")
+    parser.add_argument("--from-start", dest="start", action="store_true",
+                        help=f"no warm-up: each {SLICE_S} s from reset() as steps/s / sleeps/s")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a run, in its fresh process
     args = parser.parse_args()
     if args.one:
-        print(one_run(args.envs, args.seconds, args.pin), flush=True)
+        print(one_run(args.envs, args.seconds, args.pin, args.start), flush=True)
         return
     for run in range(args.runs):
         command = [sys.executable, os.path.abspath(__file__), "--one", "--envs", str(args.envs),
-                   "--seconds", str(args.seconds)] + ([] if args.pin else ["--no-pin"])
+                   "--seconds", str(args.seconds)]
+        command += ([] if args.pin else ["--no-pin"]) + (["--from-start"] if args.start else [])
         line = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
         print(f"run {run + 1}: {line}", flush=True)
 

@@ -113,7 +113,8 @@ def test_by_env_prints_both_rows_and_the_cost_over_the_plain_loop(capsys):
                         r"on average; the slice ([+-][\d.]+) us, ([\d.]+) times as long\.", lines[-1])
     assert cost, lines[-1]
     vector, loop = ([float(row[1]), float(row[2])] for row in rows)
-    assert abs(float(cost[3]) - (sum(vector) - sum(loop))) < 0.15
+    # Each of the four medians is printed to 0.05 us, the cost to 0.05 us more.
+    assert abs(float(cost[3]) - (sum(vector) - sum(loop))) <= 0.25 + 1e-9
     assert abs(float(cost[4]) - sum(vector) / sum(loop)) < 0.0006
 
 

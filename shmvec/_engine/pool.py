@@ -117,8 +117,7 @@ class WorkerPool:
         """Starts the process of worker `k`."""
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
-            # Workers start in milliseconds when the server has these loaded.
-            ctx.set_forkserver_preload(["shmvec._engine.worker"])
+            ctx.set_forkserver_preload(["shmvec._engine.fork_server"])
         spec = WorkerSpec(
             index=k, num_workers=self.num_workers, first_row=self.worker_rows[k].start,
             factories=self._factories[k], arena=FdHandle(self.fds[1]), fixed_size=self._fixed_size,

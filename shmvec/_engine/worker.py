@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import sys
 from dataclasses import dataclass
 from multiprocessing import reduction
 
@@ -22,6 +21,7 @@ from shmvec import _core
 from shmvec._engine import protocol as P
 from shmvec._engine.system import close_arena_fds, pin_to_cpu
 from shmvec._engine.env_slice import EnvSlice, make_envs
+from shmvec._engine.thread_pools import hold_env_pools, hold_worker_pools
 
 __all__ = ["FdHandle", "WorkerSpec", "main", "CLOSE_GRACE_S"]
 
@@ -29,10 +29,6 @@ __all__ = ["FdHandle", "WorkerSpec", "main", "CLOSE_GRACE_S"]
 # waits this long before it kills one, and a worker whose front end died
 # (its parent pipe hung up) ends itself this long after, even mid-step.
 CLOSE_GRACE_S = 5.0
-
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
-
 
 def _rebuild_fd(dup: reduction.DupFd) -> "FdHandle":
     return FdHandle(dup.detach())
@@ -65,28 +61,6 @@ class WorkerSpec:
     cpu: int | None
 
 
-def _limit_threads() -> None:
-    """One BLAS/OpenMP thread per worker: env variables for libraries loaded
-    from now on, threadpoolctl for those numpy already loaded."""
-    for var in _THREAD_VARS:
-        os.environ[var] = "1"
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(1)
-    except Exception:  # threadpoolctl is best effort: never fail a worker for it
-        pass
-
-
-def _limit_env_threads() -> None:
-    """One thread for the pools that envs bring and the BLAS cap does not
-    reach: OpenCV's (Gymnasium's AtariPreprocessing resizes with it), which
-    otherwise starts a thread per CPU in every worker."""
-    cv2 = sys.modules.get("cv2")
-    if cv2 is not None:
-        cv2.setNumThreads(1)
-
-
 def _encode_error(exc: BaseException, row: int) -> bytes:
     return P.dumps(P.RemoteError.capture(exc, row))
 
@@ -108,7 +82,7 @@ def main(spec: WorkerSpec) -> None:
     # Between steps the worker sees its parent die; this also ends it inside
     # a step that takes long or never returns.
     _core.exit_when_hung_up(spec.parent_alive.fd, int(CLOSE_GRACE_S * 1e9), 0)
-    _limit_threads()
+    hold_worker_pools()
     boot = _core.Mapping(spec.arena.fd, spec.fixed_size)
     channel = _core.WorkerChannel(boot, spec.index, spec.num_workers, spec.request_capacity,
                                   spec.reply_capacity, spec.parent_alive.fd)
@@ -135,7 +109,7 @@ class Worker:
         try:
             factories = cloudpickle.loads(self.spec.factories)
             self.slice = EnvSlice(make_envs(factories, self.spec.first_row), self.spec.first_row)
-            _limit_env_threads()
+            hold_env_pools()
         except BaseException as exc:
             self.setup_error = P.RemoteError.capture(exc, getattr(exc, "shmvec_row", self.spec.first_row))
         command = None

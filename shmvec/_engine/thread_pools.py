@@ -1,0 +1,60 @@
+"""Thread pools of the libraries that envs use (BLAS, OpenMP, OpenCV) held
+at one thread in a worker: each worker steps on one CPU, and a pool of one
+thread per CPU in every worker would oversubscribe the machine.
+
+A fork stops OpenBLAS's pool, and setting its thread count in the child
+starts the pool again, one thread per CPU, even to set one thread. Each new
+thread spins with sched_yield for about 0.1 s before it sleeps, on the
+worker's CPU (threads inherit its pinning), so a worker that set the count
+shared its core with them from its start: its env construction slowed, and
+its spin, losing the core on every yield, backed off for up to 64 ms at a
+time (NoopEnv x8 on two vCPUs: the first 0.1 s at 0.14M-0.24M steps/s
+against 1.1M-1.5M after, the worker asleep in every wait; README, "A
+worker's first 0.1 s"). So the fork server, which
+every worker under forkserver is forked from, holds the pools at one thread
+(``fork_server``), and a worker sets only pools that run more threads.
+Under fork (the learner is the parent, its pools are its own) and spawn (a
+fresh interpreter makes its pool when it imports numpy) the count is set in
+the worker, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["hold_env_pools", "hold_loaded_pools", "hold_worker_pools"]
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def hold_loaded_pools() -> None:
+    """One thread for the BLAS/OpenMP pools already loaded, leaving alone
+    those at one thread already (setting them would restart a pool that a
+    fork stopped)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        for pool in ThreadpoolController().lib_controllers:
+            if pool.num_threads != 1:
+                pool.set_num_threads(1)
+    except Exception:  # threadpoolctl is best effort: never fail a worker for it
+        pass
+
+
+def hold_worker_pools() -> None:
+    """A worker's pools at one thread: environment variables for libraries
+    loaded from now on, then those numpy loaded already."""
+    for var in _THREAD_VARS:
+        os.environ[var] = "1"
+    hold_loaded_pools()
+
+
+def hold_env_pools() -> None:
+    """One thread for the pools that envs bring and the BLAS cap does not
+    reach: OpenCV's (Gymnasium's AtariPreprocessing resizes with it), which
+    otherwise starts a thread per CPU in every worker."""
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None:
+        cv2.setNumThreads(1)
