@@ -18,7 +18,6 @@ pytest.importorskip("torch")
 PRELUDE = textwrap.dedent("""
     import gc, json, warnings
     import gymnasium as gym
-    import torch
     import shmvec
     from shmvec._engine.system import usable_cpus
 
@@ -42,8 +41,10 @@ PRELUDE = textwrap.dedent("""
 MACHINES = [pytest.param(None, id="this-machine"), pytest.param(16, id="16-cpus")]
 
 
-def run(body: str, cwd, cpus: int | None = None) -> dict:
-    script = (f"CPUS_GIVEN = {cpus!r}\n" + PRELUDE + textwrap.dedent(body)
+def run(body: str, cwd, cpus: int | None = None, torch_first: bool = True) -> dict:
+    """Runs `body` after PRELUDE in a fresh process (torch imported first
+    unless not `torch_first`) and returns what it put in `seen`."""
+    script = (f"CPUS_GIVEN = {cpus!r}\n" + ("import torch\n" if torch_first else "") + PRELUDE + textwrap.dedent(body)
               + "\nprint(json.dumps(dict(seen, FREE=FREE, MANY=MANY, caught=caught)))\n")
     # Away from the source tree: the installed shmvec, with its built extension.
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=cwd)
@@ -75,6 +76,26 @@ def test_auto_lowers_torch_threads_while_open_and_restores_them(tmp_path, cpus):
     assert result["closed"] == result["MANY"]
     (message,) = performance_warnings(result)
     assert f"torch.set_num_threads({result['FREE']})" in message and "torch_threads=None" in message
+
+
+def test_torch_imported_after_the_env_is_held_from_the_next_reset(tmp_path):
+    """A script that makes its envs, then builds its policy (importing
+    torch), then resets: torch's threads competed with the workers, at half
+    the steps/s (CartPole x64 with a 64-64 MLP on 2 vCPUs). (SB3's front end
+    imports torch itself, before any env is made.)"""
+    result = run("""
+        envs = make()
+        import torch
+        torch.set_num_threads(MANY)
+        envs.reset()
+        seen["reset"] = torch.get_num_threads()
+        envs.reset()  # held once, not again
+        envs.close()
+        seen["closed"] = torch.get_num_threads()
+    """, tmp_path, torch_first=False)
+    assert (result["reset"], result["closed"]) == (result["FREE"], result["MANY"])
+    (message,) = performance_warnings(result)
+    assert f"torch.set_num_threads({result['FREE']})" in message
 
 
 def test_sb3_front_end_holds_torch_threads_too(tmp_path):

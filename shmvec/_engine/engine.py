@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
+import numpy as np
 
 from shmvec import _core
 from shmvec._engine import protocol as P
@@ -82,8 +83,9 @@ class Engine(CommandRunner):
         if note:
             warn_performance(note)
         self.num_workers = num_workers
+        self._torch_threads = TorchThreads(torch_threads, num_workers)
         # Released by close(), or when the engine is collected unclosed.
-        self._torch_threads = weakref.finalize(self, TorchThreads(torch_threads, num_workers).release)
+        self._release_torch_threads = weakref.finalize(self, self._torch_threads.release)
         slices = split_slices(self.num_envs, num_workers + (1 if caller_steps else 0))
         caller_rows = slices.pop(0) if caller_steps else None
         self.worker_rows = slices
@@ -204,6 +206,12 @@ class Engine(CommandRunner):
             k -= 1
         return P.loads(self.transport.request(P.INFO_SCHEMA, None, [k])[0])
 
+    def begin_reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> None:
+        # A torch imported since the env was made (a policy built before the
+        # first reset) would compete with the workers at its default threads.
+        self._torch_threads.look()
+        super().begin_reset(seeds, options, mask)
+
     # -- restarts -------------------------------------------------------------
 
     def restart_failed(self) -> None:
@@ -262,7 +270,7 @@ class Engine(CommandRunner):
             except Exception as exc:
                 errors.append(exc)
             self._caller = None
-        self._torch_threads()
+        self._release_torch_threads()
         self.pool.shutdown(CLOSE_GRACE_S if graceful else 0.0)
         # Drop our views so the mappings go away (user-held copy=False views
         # keep theirs alive, as any numpy view keeps its buffer).

@@ -8,7 +8,9 @@ MLP on 2 CPUs; `OMP_WAIT_POLICY=PASSIVE` or one thread removes it). So while
 a vector env is open, shmvec lowers torch's threads to the CPUs its workers
 leave free, says so once, and restores them when the last env closes.
 
-Only a torch already imported is touched: shmvec never imports it.
+Only a torch already imported is touched: shmvec never imports it. One
+imported after the env was made (a script that builds its policy between
+making its envs and resetting them) is seen at the next reset.
 """
 
 from __future__ import annotations
@@ -55,10 +57,19 @@ class TorchThreads:
 
     def __init__(self, setting, worker_processes: int):
         check_setting(setting)
+        self._setting = setting
+        self._worker_processes = worker_processes
         self._holding = False
+        self._seen_torch = False
+        self.look()
+
+    def look(self) -> None:
+        """Decides, the first time torch is imported when this is called."""
         torch = sys.modules.get("torch")
-        if torch is None:
+        if torch is None or self._seen_torch:
             return
+        self._seen_torch = True
+        setting, worker_processes = self._setting, self._worker_processes
         threads, cpus = torch.get_num_threads(), usable_cpus()
         free = max(1, cpus - worker_processes)
         if setting is None:
