@@ -87,10 +87,11 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         max_restarts: workers replaced over the life of the vector env, at
             most; beyond it, ``WorkerDiedError``.
         torch_threads: ``"auto"``: if torch is imported here (when the env
-            is made, or by a ``reset()``) and runs more intra-op threads than the CPUs the workers leave free, shmvec
-            lowers them to that number while this env is open (close()
-            restores them) and says so once; an int: that many while open;
-            ``None``: leave torch alone.
+            is made, or by a ``reset()``) and runs more intra-op threads
+            than the CPUs the workers leave free, shmvec lowers them to
+            that number while this env is open (close() restores them) and
+            says so once; an int: that many while open; ``None``: leave
+            torch alone.
 
     Example:
         >>> import gymnasium as gym

@@ -10,9 +10,9 @@ shared its core with them from its start: its env construction slowed, and
 its spin, losing the core on every yield, backed off for up to 64 ms at a
 time (NoopEnv x8 on two vCPUs: the first 0.1 s at 0.14M-0.24M steps/s
 against 1.1M-1.5M after, the worker asleep in every wait; README, "A
-worker's first 0.1 s"). So the fork server, which
-every worker under forkserver is forked from, holds the pools at one thread
-(``fork_server``), and a worker sets only pools that run more threads.
+worker's first 0.1 s"). So the fork server, which every worker under
+forkserver is forked from, holds the pools at one thread (``fork_server``),
+and a worker sets only pools that run more threads.
 Under fork (the learner is the parent, its pools are its own) and spawn (a
 fresh interpreter makes its pool when it imports numpy) the count is set in
 the worker, as before.

@@ -64,7 +64,8 @@ class TorchThreads:
         self.look()
 
     def look(self) -> None:
-        """Decides, the first time torch is imported when this is called."""
+        """Lowers torch's threads (or warns), once: at the first call that
+        finds torch imported."""
         torch = sys.modules.get("torch")
         if torch is None or self._seen_torch:
             return

@@ -30,6 +30,7 @@ __all__ = ["FdHandle", "WorkerSpec", "main", "CLOSE_GRACE_S"]
 # (its parent pipe hung up) ends itself this long after, even mid-step.
 CLOSE_GRACE_S = 5.0
 
+
 def _rebuild_fd(dup: reduction.DupFd) -> "FdHandle":
     return FdHandle(dup.detach())
 
