@@ -38,21 +38,19 @@ def _switches(pid: int) -> tuple[int, int]:
 SLICE_S = 0.1  # of a --from-start run
 
 
-def from_start(envs, actions, worker: int, seconds: float) -> str:
-    """Steps/s and worker sleeps/s in each slice of SLICE_S from now."""
-    slices = []
-    for _ in range(max(1, round(seconds / SLICE_S))):
-        before, steps, start = _switches(worker)[0], 0, time.perf_counter()
-        while time.perf_counter() - start < SLICE_S:
-            for _ in range(50):
-                envs.step(actions)
-            steps += 50 * len(actions)
-        elapsed = time.perf_counter() - start
-        slices.append(f"{steps / elapsed / 1000:,.0f}k/{(_switches(worker)[0] - before) / elapsed / 1000:,.1f}k")
-    return " ".join(slices)
+def _timed(envs, actions, worker: int, seconds: float) -> tuple[float, float, float]:
+    """Steps/s, worker sleeps/s and cores lost/s of lock-step stepping for `seconds`."""
+    before, steps, start = _switches(worker), 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(50):
+            envs.step(actions)
+        steps += 50 * len(actions)
+    elapsed = time.perf_counter() - start
+    after = _switches(worker)
+    return steps / elapsed, (after[0] - before[0]) / elapsed, (after[1] - before[1]) / elapsed
 
 
-def one_run(num_envs: int, seconds: float, pin: bool, start: bool) -> str:
+def one_run(num_envs: int, seconds: float, pin: bool, from_reset: bool) -> str:
     import shmvec
     from shmvec.testing import NoopEnv
 
@@ -61,21 +59,15 @@ def one_run(num_envs: int, seconds: float, pin: bool, start: bool) -> str:
         envs.reset(seed=0)
         actions = np.zeros(num_envs, dtype=np.int64)
         worker = envs._engine.pool.processes[0].pid
-        if start:
-            return from_start(envs, actions, worker, seconds)
+        if from_reset:
+            slices = [_timed(envs, actions, worker, SLICE_S) for _ in range(max(1, round(seconds / SLICE_S)))]
+            return " ".join(f"{rate / 1000:,.0f}k/{sleeps / 1000:,.1f}k" for rate, sleeps, _ in slices)
         for _ in range(2000):  # warm-up
             envs.step(actions)
-        before, steps, start = _switches(worker), 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for _ in range(500):
-                envs.step(actions)
-            steps += 500 * num_envs
-        elapsed = time.perf_counter() - start
-        after = _switches(worker)
+        rate, sleeps, lost = _timed(envs, actions, worker, seconds)
     finally:
         envs.close()
-    return (f"{steps / elapsed / 1000:,.0f}k steps/s, worker sleeps {(after[0] - before[0]) / elapsed:,.0f}/s "
-            f"/ cores lost {(after[1] - before[1]) / elapsed:,.0f}/s")
+    return f"{rate / 1000:,.0f}k steps/s, worker sleeps {sleeps:,.0f}/s / cores lost {lost:,.0f}/s"
 
 
 def main() -> None:
@@ -84,17 +76,17 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8, help="NoopEnvs, half of them the worker's (default 8)")
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="pin_workers=False (default \"auto\")")
-    parser.add_argument("--from-start", dest="start", action="store_true",
+    parser.add_argument("--from-start", dest="from_reset", action="store_true",
                         help=f"no warm-up: each {SLICE_S} s from reset() as steps/s / sleeps/s")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a run, in its fresh process
     args = parser.parse_args()
     if args.one:
-        print(one_run(args.envs, args.seconds, args.pin, args.start), flush=True)
+        print(one_run(args.envs, args.seconds, args.pin, args.from_reset), flush=True)
         return
     for run in range(args.runs):
         command = [sys.executable, os.path.abspath(__file__), "--one", "--envs", str(args.envs),
                    "--seconds", str(args.seconds)]
-        command += ([] if args.pin else ["--no-pin"]) + (["--from-start"] if args.start else [])
+        command += ([] if args.pin else ["--no-pin"]) + (["--from-start"] if args.from_reset else [])
         line = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
         print(f"run {run + 1}: {line}", flush=True)
 
