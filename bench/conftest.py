@@ -18,7 +18,7 @@ GOALS = [
     ("pong-16", "shmvec", "limit", 0.9),
     ("halfcheetah-16", "shmvec", "limit", 0.9),
     ("halfcheetah-16", "shmvec", "envpool", 1.0),
-    # async mode with infos every step (one worker on 2 CPUs: the caller keeps one for a policy)
+    # async mode with infos every step (on 2 CPUs one worker, and the caller's own slice stepped in recv())
     ("halfcheetah-16", "shmvec-async", "sync", 1.0),
     ("policy-64", "shmvec", "sync", 1.3),
     ("policy-64", "shmvec-async", "sync", 1.3),
@@ -40,6 +40,8 @@ GOALS = [
     ("startup-64-fork", "async", "shmvec", 5),
     ("startup-64-forkserver", "async", "shmvec", 5),
     ("straggler-32", "shmvec-async", "shmvec-lockstep", 2.5),
+    # issue 11: async mode never below lock-step on stragglers, with shmvec's own choice of workers
+    ("straggler-32-default-workers", "shmvec-async", "shmvec-lockstep", 1.0),
     # async mode's bookkeeping per batch, where nothing overlaps (no workers)
     ("cartpole-async-256-no-workers", "shmvec-async", "shmvec-lockstep", 0.95),
     ("sb3-step-64", "shmvec", "dummy", 1),

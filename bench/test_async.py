@@ -1,6 +1,8 @@
 """Async send/recv against lock-step stepping of the same envs, same run:
 the straggler profile (most steps 0.5 ms, 5% of steps 20 ms; the env sleeps)
-with 32 envs on 8 workers, CartPole-v1 with batch_size = num_envs // 2, and
+with 32 envs on 8 workers and with shmvec's default workers (on 2 CPUs one
+worker and the caller's own slice: async mode's recv() steps the caller's
+envs where lock-step's step() does), CartPole-v1 with batch_size = num_envs // 2, and
 CartPole-v1 x256 without workers (a busy machine's default) in batches of 32:
 there the caller steps every env either way, so async mode's ratio is what
 its per-batch bookkeeping costs."""
@@ -21,6 +23,8 @@ SECONDS = 3.0
 CASES = {
     # case -> (factory, num_envs, num_workers, batch_size)
     "straggler-32": (functools.partial(StragglerEnv, base_ms=0.5, slow_ms=20, slow_prob=0.05), 32, 8, 8),
+    "straggler-32-default-workers": (functools.partial(StragglerEnv, base_ms=0.5, slow_ms=20, slow_prob=0.05), 32,
+                                     None, 8),
     "cartpole-async-64": (env_factory("CartPole-v1"), 64, None, 32),
     "cartpole-async-256-no-workers": (env_factory("CartPole-v1"), 256, 0, 32),
 }

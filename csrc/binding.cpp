@@ -169,10 +169,49 @@ class Mapping {
 FixedLayout fixed_layout(uint32_t workers, uint64_t req, uint64_t rep) { return {workers, req, rep}; }
 
 AsyncRegion async_region(const Mapping& data, std::size_t offset, uint32_t num_envs,
-                         uint32_t num_workers, uint64_t record_capacity) {
-  if (offset + AsyncRegion::size(num_envs, num_workers, record_capacity) > data.size())
+                         uint32_t rings, uint64_t record_capacity) {
+  if (offset + AsyncRegion::size(num_envs, rings, record_capacity) > data.size())
     throw std::invalid_argument("async region outside the arena");
-  return AsyncRegion(data.base() + offset, num_envs, num_workers, record_capacity);
+  return AsyncRegion(data.base() + offset, num_envs, rings, record_capacity);
+}
+
+// Steps one async env and writes its record slot: the record the stepper
+// returns (pickled by `dumps`), or the env's exception (encode_error(exc,
+// row) -> bytes), which recv() raises. A record too large for its slot waits
+// in `overflow` for the front end to fetch it. The caller's own slice passes
+// `pass_interrupts`: a KeyboardInterrupt (a second Ctrl-C) is not the env's
+// error but stops recv(); the env is left with no record.
+void step_async_row(const AsyncRegion& region, Stepper& stepper, uint32_t row, py::object& dumps,
+                    py::object& encode_error, py::dict& overflow, bool pass_interrupts) {
+  py::object record;
+  int32_t is_error = 0;
+  RecordSlot* slot = region.record(row);
+  try {
+    record = stepper.step_row(row);
+    if (!record.is_none()) record = dumps(record);
+  } catch (py::error_already_set& e) {
+    if (pass_interrupts && e.matches(PyExc_KeyboardInterrupt)) {
+      slot->is_error = slot->overflow = 0;
+      slot->length = 0;
+      throw;
+    }
+    if (e.trace()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
+    record = encode_error(e.value(), row);
+    is_error = 1;
+  }
+  slot->is_error = is_error;
+  slot->overflow = 0;
+  slot->length = 0;
+  if (!record.is_none()) {
+    const auto len = static_cast<uint64_t>(PyBytes_GET_SIZE(record.ptr()));
+    slot->length = static_cast<int64_t>(len);
+    if (len <= region.record_capacity) {
+      std::memcpy(region.record_data(row), PyBytes_AS_STRING(record.ptr()), len);
+    } else {
+      overflow[py::int_(row)] = record;  // fetched by the front end
+      slot->overflow = 1;
+    }
+  }
 }
 
 // Called between sleeps with the GIL released: runs Python's signal handlers
@@ -267,12 +306,33 @@ class PyFrontChannel {
   std::vector<uint32_t> workers_with_replies() const { return channel_.workers_with_replies(); }
 
   void attach_async(std::shared_ptr<Mapping> data, std::size_t offset, uint32_t num_envs,
-                    uint64_t record_capacity, std::vector<uint32_t> owner_of_row) {
-    channel_.attach_async(
-        async_region(*data, offset, num_envs, static_cast<uint32_t>(all_.size()), record_capacity),
-        std::move(owner_of_row));
+                    uint64_t record_capacity, std::vector<uint32_t> owner_of_row, uint32_t rings) {
+    channel_.attach_async(async_region(*data, offset, num_envs, rings, record_capacity), std::move(owner_of_row));
     data_ = std::move(data);
   }
+  // The caller's own slice in async mode: steps its queued envs one by one,
+  // as a worker would (see step_async_row), while fewer than `count` envs
+  // are finished; with `at_least_one`, one even if they are (so that the
+  // slice's envs never wait for good behind fast workers). Returns how many
+  // it stepped.
+  uint32_t step_own(Stepper& stepper, uint32_t count, bool at_least_one, py::object dumps,
+                    py::object encode_error, py::dict overflow) {
+    const AsyncRegion& r = region();
+    uint32_t stepped = 0, row;
+    while ((at_least_one && stepped == 0) || channel_.finished_ready() < count) {
+      if (!channel_.pop_own(&row)) break;
+      try {
+        step_async_row(r, stepper, row, dumps, encode_error, overflow, true);
+      } catch (...) {
+        channel_.push_own(row);  // stepped or not, it is not lost in flight
+        throw;
+      }
+      channel_.push_own(row);
+      ++stepped;
+    }
+    return stepped;
+  }
+  uint32_t own_pending() const { return channel_.own_pending(); }
   void send(const RowArray& rows) { channel_.send(row_vector(rows)); }
   // send() in one call: checks the env ids against the envs in flight (a
   // problem, as env_ids_problem says it, is returned and nothing is done),
@@ -415,8 +475,7 @@ class PyWorkerChannel {
                   uint64_t request_capacity, uint64_t reply_capacity, int parent_fd)
       : mapping_(std::move(mapping)),
         channel_(mapping_->base(), fixed_layout(num_workers, request_capacity, reply_capacity),
-                 worker, parent_fd),
-        num_workers_(num_workers) {
+                 worker, parent_fd) {
     if (fixed_layout(num_workers, request_capacity, reply_capacity).size() > mapping_->size())
       throw std::invalid_argument("arena smaller than its layout");
     reply_area_ = fixed_layout(num_workers, request_capacity, reply_capacity).reply_area(mapping_->base(), worker);
@@ -434,8 +493,8 @@ class PyWorkerChannel {
     channel_.complete(status, reply_len, reply_total);
   }
   void attach_async(std::shared_ptr<Mapping> data, std::size_t offset, uint32_t num_envs,
-                    uint64_t record_capacity) {
-    channel_.attach_async(async_region(*data, offset, num_envs, num_workers_, record_capacity));
+                    uint64_t record_capacity, uint32_t rings) {
+    channel_.attach_async(async_region(*data, offset, num_envs, rings, record_capacity));
     data_ = std::move(data);
   }
 
@@ -486,40 +545,15 @@ class PyWorkerChannel {
   }
 
   void step_async(Stepper& stepper, py::object& dumps, py::object& encode_error, py::dict& overflow) {
-    const AsyncRegion& region = channel_.async_region();
     uint32_t row;
     while (channel_.pop_todo(&row)) {
-      py::object record;
-      int32_t is_error = 0;
-      try {
-        record = stepper.step_row(row);
-        if (!record.is_none()) record = dumps(record);
-      } catch (py::error_already_set& e) {
-        if (e.trace()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
-        record = encode_error(e.value(), row);
-        is_error = 1;
-      }
-      RecordSlot* slot = region.record(row);
-      slot->is_error = is_error;
-      slot->overflow = 0;
-      slot->length = 0;
-      if (!record.is_none()) {
-        const auto len = static_cast<uint64_t>(PyBytes_GET_SIZE(record.ptr()));
-        slot->length = static_cast<int64_t>(len);
-        if (len <= region.record_capacity) {
-          std::memcpy(region.record_data(row), PyBytes_AS_STRING(record.ptr()), len);
-        } else {
-          overflow[py::int_(row)] = record;  // fetched by the front end with a command
-          slot->overflow = 1;
-        }
-      }
+      step_async_row(channel_.async_region(), stepper, row, dumps, encode_error, overflow, false);
       channel_.push_finished(row);
     }
   }
 
   std::shared_ptr<Mapping> mapping_, data_;
   WorkerChannel channel_;
-  uint32_t num_workers_;
   char* reply_area_;
   uint64_t reply_capacity_;
 };
@@ -590,7 +624,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("info_batch", &info_batch, py::arg("flags"), py::arg("columns"), py::arg("rows") = py::none(),
         "The infos of a step (or of an async batch's `rows`) from the info columns, as "
         "VectorEnv._add_info builds them (see csrc/info_columns.hpp).");
-  m.def("async_region_size", &AsyncRegion::size, py::arg("num_envs"), py::arg("num_workers"),
+  m.def("async_region_size", &AsyncRegion::size, py::arg("num_envs"), py::arg("rings"),
         py::arg("record_capacity"));
 
   py::class_<Mapping, std::shared_ptr<Mapping>>(m, "Mapping", py::buffer_protocol())
@@ -624,7 +658,10 @@ PYBIND11_MODULE(_core, m) {
       .def("result", &PyFrontChannel::result)
       .def("workers_with_replies", &PyFrontChannel::workers_with_replies)
       .def("attach_async", &PyFrontChannel::attach_async, py::arg("data"), py::arg("offset"),
-           py::arg("num_envs"), py::arg("record_capacity"), py::arg("owner_of_row"))
+           py::arg("num_envs"), py::arg("record_capacity"), py::arg("owner_of_row"), py::arg("rings"))
+      .def("step_own", &PyFrontChannel::step_own, py::arg("stepper"), py::arg("count"), py::arg("at_least_one"),
+           py::arg("dumps"), py::arg("encode_error"), py::arg("overflow"))
+      .def_property_readonly("own_pending", &PyFrontChannel::own_pending)
       .def("send", &PyFrontChannel::send, py::arg("rows"))
       .def("send_actions", &PyFrontChannel::send_actions, py::arg("ids"), py::arg("in_flight"),
            py::arg("views"), py::arg("values"))
@@ -652,7 +689,7 @@ PYBIND11_MODULE(_core, m) {
       .def("complete", &PyWorkerChannel::complete, py::arg("status"), py::arg("reply_len") = 0,
            py::arg("reply_total") = 0)
       .def("attach_async", &PyWorkerChannel::attach_async, py::arg("data"), py::arg("offset"),
-           py::arg("num_envs"), py::arg("record_capacity"))
+           py::arg("num_envs"), py::arg("record_capacity"), py::arg("rings"))
       .def("serve", &PyWorkerChannel::serve, py::arg("stepper"), py::arg("dumps"),
            py::arg("encode_error"), py::arg("overflow"));
 

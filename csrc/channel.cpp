@@ -28,12 +28,12 @@ int64_t deadline_after(int64_t start, double timeout_s) {
 
 // ---------------------------------------------------------------- AsyncRegion
 
-AsyncRegion::AsyncRegion(char* b, uint32_t envs, uint32_t workers, uint64_t record_cap)
-    : base(b), num_envs(envs), num_workers(workers), capacity(pow2_at_least(envs)),
+AsyncRegion::AsyncRegion(char* b, uint32_t envs, uint32_t ring_pairs, uint64_t record_cap)
+    : base(b), num_envs(envs), rings(ring_pairs), capacity(pow2_at_least(envs)),
       record_capacity(record_cap) {}
 
-std::size_t AsyncRegion::size(uint32_t envs, uint32_t workers, uint64_t record_cap) {
-  AsyncRegion r(nullptr, envs, workers, record_cap);
+std::size_t AsyncRegion::size(uint32_t envs, uint32_t ring_pairs, uint64_t record_cap) {
+  AsyncRegion r(nullptr, envs, ring_pairs, record_cap);
   return r.records_offset() + envs * r.record_stride();
 }
 
@@ -182,13 +182,17 @@ std::vector<uint32_t> FrontChannel::workers_with_replies() const {
 
 void FrontChannel::attach_async(AsyncRegion region, std::vector<uint32_t> owner_of_row) {
   if (owner_of_row.size() != region.num_envs) throw std::invalid_argument("one owner per env");
+  if (region.rings < seq_.size() || region.rings > seq_.size() + 1)
+    throw std::invalid_argument("one pair of rings per worker, and one for the caller's slice if it has one");
+  for (uint32_t w : owner_of_row)
+    if (w >= region.rings) throw std::invalid_argument("an env's owner has no rings");
   async_ = region;
   owner_ = std::move(owner_of_row);
 }
 
 void FrontChannel::send(const std::vector<uint32_t>& rows) {
   if (!async_.base) throw std::logic_error("async mode is not attached");
-  std::vector<uint8_t> touched(seq_.size(), 0);
+  std::vector<uint8_t> touched(async_.rings, 0);
   for (uint32_t row : rows) {
     if (row >= owner_.size()) throw std::out_of_range("env row out of range");
     const uint32_t w = owner_[row];
@@ -201,14 +205,24 @@ void FrontChannel::send(const std::vector<uint32_t>& rows) {
     ++sent_count_;
     touched[w] = 1;
   }
-  for (uint32_t w = 0; w < seq_.size(); ++w)
+  for (uint32_t w = 0; w < seq_.size(); ++w)  // not the caller's own ring: it pops that itself
     if (touched[w]) ring(w);
+}
+
+uint32_t FrontChannel::own_ring() const {
+  if (!async_.base || async_.rings == seq_.size()) throw std::logic_error("the caller has no async slice");
+  return async_.rings - 1;
+}
+
+uint32_t FrontChannel::own_pending() const {
+  const Ring* r = async_.todo(own_ring());
+  return r->tail.load(std::memory_order_relaxed) - r->head.load(std::memory_order_relaxed);  // both ours
 }
 
 uint32_t FrontChannel::finished_ready() const {
   // Acquire pairs with each producer's release of its tail.
   uint32_t n = 0;
-  for (uint32_t w = 0; w < seq_.size(); ++w) {
+  for (uint32_t w = 0; w < async_.rings; ++w) {
     const Ring* r = async_.finished(w);
     n += r->tail.load(std::memory_order_acquire) - r->head.load(std::memory_order_relaxed);
   }
@@ -243,7 +257,7 @@ int FrontChannel::wait_finished(uint32_t count, const std::vector<int>& sentinel
 
 std::vector<std::pair<uint32_t, uint32_t>> FrontChannel::async_progress() const {
   std::vector<std::pair<uint32_t, uint32_t>> out;
-  for (uint32_t w = 0; w < seq_.size(); ++w) {
+  for (uint32_t w = 0; w < async_.rings; ++w) {
     const uint32_t done = async_.finished(w)->tail.load(std::memory_order_acquire);
     out.emplace_back(done, async_.todo(w)->tail.load(std::memory_order_relaxed) - done);
   }
@@ -270,7 +284,7 @@ std::vector<uint32_t> FrontChannel::pop_finished(uint32_t count) {
     uint32_t worker;
   };
   const auto later = [](const Head& a, const Head& b) { return a.ticket > b.ticket; };  // min-heap
-  const uint32_t workers = static_cast<uint32_t>(seq_.size());
+  const uint32_t workers = async_.rings;  // the caller's slice's too
   const uint32_t mask = async_.capacity - 1;
   std::vector<uint32_t> next(workers), tails(workers);
   std::vector<Head> heads;
@@ -364,22 +378,28 @@ void WorkerChannel::complete(int32_t status, uint64_t reply_len, uint64_t reply_
     platform::futex_wake(&h->completions.value, 1);
 }
 
-bool WorkerChannel::pop_todo(uint32_t* row) {
-  Ring* r = async_.todo(worker_);
+bool WorkerChannel::pop_todo(uint32_t* row) { return shmvec::pop_todo(async_, worker_, row); }
+
+void WorkerChannel::push_finished(uint32_t row) { shmvec::push_finished(async_, worker_, row); }
+
+// ------------------------------------------------------------ a stepper's rings
+
+bool pop_todo(const AsyncRegion& region, uint32_t stepper, uint32_t* row) {
+  Ring* r = region.todo(stepper);
   const uint32_t head = r->head.load(std::memory_order_relaxed);  // we are its only writer
   // Acquire pairs with the front end's release of the tail: we see the row
   // and the action written for it.
   if (head == r->tail.load(std::memory_order_acquire)) return false;
-  *row = async_.todo_items(worker_)[head & (async_.capacity - 1)];
+  *row = region.todo_items(stepper)[head & (region.capacity - 1)];
   r->head.store(head + 1, std::memory_order_relaxed);  // nobody waits for space
   return true;
 }
 
-void WorkerChannel::push_finished(uint32_t row) {
-  AsyncHeader* h = async_.header();
-  Ring* r = async_.finished(worker_);
+void push_finished(const AsyncRegion& region, uint32_t stepper, uint32_t row) {
+  AsyncHeader* h = region.header();
+  Ring* r = region.finished(stepper);
   const uint32_t tail = r->tail.load(std::memory_order_relaxed);  // we are its only writer
-  FinishedItem& item = async_.finished_items(worker_)[tail & (async_.capacity - 1)];
+  FinishedItem& item = region.finished_items(stepper)[tail & (region.capacity - 1)];
   item.ticket = h->next_ticket.fetch_add(1, std::memory_order_relaxed);
   item.row = row;
   // Release: the front end that sees the tail sees the item and the env's results.

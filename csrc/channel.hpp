@@ -18,14 +18,16 @@
 namespace shmvec {
 
 // Async mode's shared structures, placed at an offset in the data region:
-//   [AsyncHeader][per worker: todo ring, finished ring][record slot per env]
-// Each ring has one producer and one consumer: the front end queues envs to
-// step in a worker's todo ring, the worker queues the envs it finished in its
-// finished ring, stamped with a ticket from one shared counter so the front
-// end can return them in the order they finished. (One multi-producer ring
-// would need the consumer to wait for a producer that reserved a slot but has
-// not filled it yet; here `finished_count` never runs ahead of what can be
-// popped.) Each env is in flight at most once, so rings of capacity >=
+//   [AsyncHeader][per stepper: todo ring, finished ring][record slot per env]
+// A stepper is a worker, or the front end for the caller's own slice (the
+// last pair of rings, when it has one: it steps them in recv(), where it
+// would otherwise wait). Each ring has one producer and one consumer: the
+// front end queues envs to step in a stepper's todo ring, the stepper queues
+// the envs it finished in its finished ring, stamped with a ticket from one
+// shared counter so the front end can return them in the order they finished.
+// (One multi-producer ring would need the consumer to wait for a producer that
+// reserved a slot but has not filled it yet; here `finished_count` never runs
+// ahead of what can be popped.) Each env is in flight at most once, so rings of capacity >=
 // num_envs never overflow and nobody ever waits for space.
 // The rings are the truth about what is ready; `finished_count` only wakes
 // the front end. (A worker may die between its push and its count: a count
@@ -61,12 +63,12 @@ struct alignas(kLine) RecordSlot {
 
 struct AsyncRegion {
   char* base = nullptr;
-  uint32_t num_envs = 0, num_workers = 0, capacity = 0;
+  uint32_t num_envs = 0, rings = 0, capacity = 0;  // rings: pairs of them, one per stepper
   uint64_t record_capacity = 0;
 
   AsyncRegion() = default;
-  AsyncRegion(char* base, uint32_t num_envs, uint32_t num_workers, uint64_t record_capacity);
-  static std::size_t size(uint32_t num_envs, uint32_t num_workers, uint64_t record_capacity);
+  AsyncRegion(char* base, uint32_t num_envs, uint32_t rings, uint64_t record_capacity);
+  static std::size_t size(uint32_t num_envs, uint32_t rings, uint64_t record_capacity);
 
   AsyncHeader* header() const { return reinterpret_cast<AsyncHeader*>(base); }
   Ring* todo(uint32_t worker) const { return reinterpret_cast<Ring*>(worker_area(worker)); }
@@ -91,9 +93,15 @@ struct AsyncRegion {
   std::size_t worker_stride() const {
     return finished_offset() + sizeof(Ring) + round_up(capacity * sizeof(FinishedItem), kLine);
   }
-  std::size_t records_offset() const { return sizeof(AsyncHeader) + num_workers * worker_stride(); }
+  std::size_t records_offset() const { return sizeof(AsyncHeader) + rings * worker_stride(); }
   std::size_t record_stride() const { return sizeof(RecordSlot) + round_up(record_capacity, kLine); }
 };
+
+// A stepper's side of its rings: takes the next env to step from its todo
+// ring, and queues an env it finished (with its ticket) in its finished ring,
+// waking the front end if this is the push it sleeps for.
+bool pop_todo(const AsyncRegion& region, uint32_t stepper, uint32_t* row);
+void push_finished(const AsyncRegion& region, uint32_t stepper, uint32_t row);
 
 // How a wait ended.
 enum WaitStatus : int { kReady = 0, kTimedOut = -1, kInterrupted = -2 };  // > 0: 1 + dead worker
@@ -124,9 +132,10 @@ class FrontChannel {
   const WorkerControl& control_of(uint32_t w) const { return *control(w); }
   std::vector<uint32_t> workers_with_replies() const;
 
-  // Async mode.
+  // Async mode. `owner_of_row` is each env's stepper: a worker, or
+  // num_workers for the caller's own slice (whose todo ring it pops itself).
   void attach_async(AsyncRegion region, std::vector<uint32_t> owner_of_row);
-  // Queues envs to step with their owners and rings each owner once.
+  // Queues envs to step with their owners and rings each owning worker once.
   void send(const std::vector<uint32_t>& rows);
   // Envs queued by send() so far: a caller interrupted around a send tells
   // by it whether the envs went.
@@ -138,7 +147,13 @@ class FrontChannel {
   // Pops exactly `count` finished rows (at least that many must be ready),
   // in the order they finished.
   std::vector<uint32_t> pop_finished(uint32_t count);
-  // Per worker: (envs it has finished, envs sent to it and not yet finished).
+  // The caller's own slice (async mode): its next env to step, and one it stepped.
+  bool pop_own(uint32_t* row) { return pop_todo(async_, own_ring(), row); }
+  void push_own(uint32_t row) { push_finished(async_, own_ring(), row); }
+  // Envs queued for the caller's own slice and not yet stepped.
+  uint32_t own_pending() const;
+  // Per stepper (the caller's slice last): (envs it has finished, envs sent
+  // to it and not yet finished).
   std::vector<std::pair<uint32_t, uint32_t>> async_progress() const;
   // 1 + the first worker whose sentinel says it died, else 0 (no waiting).
   int first_dead(const std::vector<int>& sentinels) const { return dead_worker(sentinels, false); }
@@ -151,6 +166,7 @@ class FrontChannel {
   ArenaHeader* header() const { return layout_.header(base_); }
   WorkerControl* control(uint32_t w) const { return layout_.control(base_, w); }
   void ring(uint32_t w);
+  uint32_t own_ring() const;  // the caller's slice's rings (async mode), checked
   bool all_done() const;
   uint32_t busy_count() const;  // posted workers that have not completed
   // 1 + the first busy worker whose sentinel says it died, else 0.

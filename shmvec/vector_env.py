@@ -60,8 +60,9 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         caller_steps: the calling process steps one slice of envs itself while
             the workers step the rest, instead of idling (best on few cores).
             Left unset, it does when envs and a usable CPU remain besides one
-            per worker (in async mode only without workers). With
-            ``num_workers=0`` every env steps in the caller.
+            per worker. In async mode ``recv()`` steps the caller's envs while
+            too few envs have finished. With ``num_workers=0`` every env
+            steps in the caller.
         pin_workers: ``"auto"`` (pin each worker to its own CPU when every
             worker gets one that no other shmvec env, of this program or
             another, holds, leaving one for the caller if it steps a slice

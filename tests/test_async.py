@@ -70,21 +70,27 @@ def async_trajectories(envs, actions, rounds):
     return trajectories, order
 
 
-@pytest.mark.parametrize("num_workers", [3, 0], ids=["workers", "caller-steps-all"])
+# (num_workers, caller_steps): workers only; workers and the caller's own
+# slice, which recv() steps while too few envs have finished (the default);
+# the caller stepping every env itself, in recv() (the default when no CPU
+# is idle for a worker).
+STEPPERS = [(3, False), (2, True), (0, True)]
+STEPPER_IDS = ["workers", "workers-and-caller", "caller-steps-all"]
+
+
+@pytest.mark.parametrize("num_workers,caller_steps", STEPPERS, ids=STEPPER_IDS)
 @pytest.mark.parametrize("mode", AUTORESETTING_MODES, ids=mode_id)
 @pytest.mark.parametrize("make", [
     lambda: gym.make("CartPole-v1"),
     functools.partial(SpacesEnv, max_steps=5, terminate_prob=0.2),
 ], ids=["cartpole", "spaces"])
-def test_each_env_trajectory_matches_sync(make, mode, num_workers):
-    # num_workers=0: the caller steps every env itself, in recv() (the
-    # default when no CPU is idle for a worker).
+def test_each_env_trajectory_matches_sync(make, mode, num_workers, caller_steps):
     num_envs, batch, rounds = 6, 2, 150
     rng = np.random.default_rng(0)
     n_actions = 2 if isinstance(make(), gym.Wrapper) else 3
     actions = rng.integers(0, n_actions, size=(num_envs, rounds))
-    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=num_workers, **autoreset_kwargs(mode),
-                            start_method="fork")
+    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=num_workers, caller_steps=caller_steps,
+                            **autoreset_kwargs(mode), start_method="fork")
     assert envs.num_workers == num_workers
     try:
         got, _ = async_trajectories(envs, actions, rounds)
@@ -102,12 +108,12 @@ def test_each_env_trajectory_matches_sync(make, mode, num_workers):
             assert_same(got[i][t][4], expected[i][t][4], f"env {i} step {t} info")
 
 
-@pytest.mark.parametrize("num_workers", [2, 0], ids=["workers", "caller-steps-all"])
+@pytest.mark.parametrize("num_workers,caller_steps", STEPPERS, ids=STEPPER_IDS)
 @pytest.mark.parametrize("action_space", [
     gym.spaces.Box(-1, 1, (2, 3), np.float32),
     gym.spaces.Dict({"move": gym.spaces.Box(-1, 1, (2,), np.float64), "pick": gym.spaces.MultiDiscrete([3, 4])}),
 ], ids=["box", "dict"])
-def test_each_env_gets_its_own_action_rows(action_space, num_workers, closing):
+def test_each_env_gets_its_own_action_rows(action_space, num_workers, caller_steps, closing):
     # send() writes each env's rows of every action leaf into the arena
     # natively; a float64 batch for a float32 Box reaches the envs in the
     # space's dtype. Rewards depend on the actions (SpacesEnv).
@@ -121,7 +127,8 @@ def test_each_env_gets_its_own_action_rows(action_space, num_workers, closing):
             action_space, len(items)))
         return out.astype(np.float64) if isinstance(out, np.ndarray) else out  # a cast send() makes
 
-    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=num_workers, start_method="fork")
+    envs = shmvec.ShmVecEnv([make] * num_envs, batch_size=batch, num_workers=num_workers, caller_steps=caller_steps,
+                            start_method="fork")
     closing(envs)
     got = [[] for _ in range(num_envs)]
     envs.async_reset(seed=0)
@@ -212,6 +219,27 @@ def test_misuse_is_an_error(async_envs):
 
 
 @needs_gymnasium_1("autoreset_mode DISABLED")
+def test_the_callers_own_envs_keep_stepping_when_the_workers_keep_ahead(closing):
+    # recv() steps the caller's own envs while too few envs have finished,
+    # and at least one each call: with the worker's envs always finished
+    # first, the caller's would otherwise never step again.
+    envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 6, batch_size=3, num_workers=1, caller_steps=True,
+                            start_method="fork")
+    closing(envs)
+    own = envs._engine._caller.rows
+    assert own == range(0, 3)
+    received = np.zeros(6, dtype=int)
+    envs.async_reset(seed=0)
+    for _ in range(40):
+        ids = envs.recv()[4]["env_id"]
+        received[ids] += 1
+        envs.send(np.zeros(len(ids), dtype=np.int64), ids)
+        deadline = time.monotonic() + 5
+        while envs._engine.pool.channel.async_progress()[0][1] and time.monotonic() < deadline:
+            time.sleep(0.001)  # the worker finishes everything it was sent before the next recv()
+    assert received[own.start:own.stop].min() >= 5, received
+
+
 def test_disabled_autoreset_is_refused():
     with pytest.raises(ValueError, match="DISABLED"):
         shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, batch_size=2, autoreset_mode="Disabled")
@@ -223,10 +251,8 @@ def test_construction_errors():
         shmvec.ShmVecEnv(fns, batch_size=0)
     with pytest.raises(ValueError, match="batch_size"):
         shmvec.ShmVecEnv(fns, batch_size=5)
-    with pytest.raises(ValueError, match="caller steps envs itself only without workers"):
-        shmvec.ShmVecEnv(fns, batch_size=2, caller_steps=True)
-    with pytest.raises(ValueError, match="caller steps envs itself only without workers"):
-        shmvec.ShmVecEnv(fns, batch_size=2, num_workers=1, caller_steps=True)
+    with pytest.raises(ValueError, match="needs an env for the caller besides one per worker"):
+        shmvec.ShmVecEnv(fns, batch_size=2, num_workers=4, caller_steps=True)
     with pytest.raises(ValueError, match="num_workers=0 needs caller_steps=True"):
         shmvec.ShmVecEnv(fns, batch_size=2, num_workers=0, caller_steps=False)
 
@@ -263,19 +289,23 @@ def test_timeout_while_in_flight():
         assert time.monotonic() - start < 10
 
 
-@pytest.mark.parametrize("num_workers", [1, 0], ids=["worker", "caller-steps-all"])
-def test_env_error_in_async_step_reaches_caller(num_workers):
+# (num_workers, caller_steps, the env that fails): env 1 in a worker, env 0
+# in the caller's own slice (its first), env 1 with the caller stepping all.
+@pytest.mark.parametrize("num_workers,caller_steps,row", [(1, False, 1), (1, True, 0), (0, True, 1)],
+                         ids=["worker", "caller-slice", "caller-steps-all"])
+def test_env_error_in_async_step_reaches_caller(num_workers, caller_steps, row):
     class Boom(SpacesEnv):
         def step(self, action):
             raise KeyError("boom")
 
-    envs = shmvec.ShmVecEnv([Boom] * 2, batch_size=1, num_workers=num_workers, start_method="fork")
+    envs = shmvec.ShmVecEnv([Boom] * 2, batch_size=1, num_workers=num_workers, caller_steps=caller_steps,
+                            start_method="fork")
     try:
         receive_resets(envs)
-        envs.send(np.zeros(1, dtype=np.int64), [1])
+        envs.send(np.zeros(1, dtype=np.int64), [row])
         with pytest.raises(KeyError, match="boom") as info:
             envs.recv()
-        if num_workers:  # from a worker: its traceback comes along
+        if num_workers:  # stepped as a worker steps it: its traceback comes along
             assert "Traceback" in str(info.value.__cause__)
         with pytest.raises(RuntimeError, match="reset"):
             envs.send(np.zeros(1, dtype=np.int64), [0])
@@ -285,16 +315,19 @@ def test_env_error_in_async_step_reaches_caller(num_workers):
         envs.close()
 
 
-def test_large_infos_arrive_whole():
+@pytest.mark.parametrize("caller_steps,row", [(False, 1), (True, 0)], ids=["worker", "caller-slice"])
+def test_large_infos_arrive_whole(caller_steps, row):
+    # Too large for the env's record slot: kept by its stepper until recv() fetches it.
     class BigInfo(SpacesEnv):
         def step(self, action):
             obs, r, te, tr, _ = super().step(action)
             return obs, r, te, tr, {"blob": np.arange(50_000, dtype=np.int64)}  # 400 kB
 
-    envs = shmvec.ShmVecEnv([BigInfo] * 2, batch_size=1, num_workers=1, caller_steps=False, start_method="fork")
+    envs = shmvec.ShmVecEnv([BigInfo] * 2, batch_size=1, num_workers=1, caller_steps=caller_steps,
+                            start_method="fork")
     try:
         receive_resets(envs)
-        envs.send(np.zeros(1, dtype=np.int64), [1])
+        envs.send(np.zeros(1, dtype=np.int64), [row])
         infos = envs.recv()[4]
         np.testing.assert_array_equal(infos["blob"][0], np.arange(50_000))
     finally:
@@ -311,7 +344,7 @@ def test_recv_is_woken_once_not_once_per_finished_env():
     # A worker wakes a recv() that sleeps when enough envs have finished, not
     # at each finished env: before the wake mark, each of the 32 envs of a
     # batch woke the front end (about 11 sleeps per recv measured on 2 CPUs).
-    envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 64, batch_size=32, num_workers=1)
+    envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 64, batch_size=32, num_workers=1, caller_steps=False)
     try:
         envs.async_reset(seed=0)
         actions = np.zeros(32, dtype=np.int64)

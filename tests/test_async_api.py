@@ -234,13 +234,17 @@ def test_warnings_as_errors_still_close(closing):
 @pytest.mark.parametrize("cpus", [1, 2, 16])
 def test_async_mode_leaves_the_caller_a_cpu_for_the_policy(monkeypatch, cpus):
     # In async mode the caller runs the policy while workers step: by
-    # default one worker per usable CPU less the caller's. With no CPU left
-    # for a worker, the caller steps every env itself (in recv()).
+    # default one worker per usable CPU less the caller's, and the caller
+    # a slice of its own that recv() steps while it would wait. With no CPU
+    # left for a worker, the caller steps every env itself (in recv()).
     from shmvec._engine import plan
 
     monkeypatch.setattr(plan, "usable_cpus", lambda: cpus)
-    assert plan.plan_slices(64, None, None, async_mode=True) == ((cpus - 1, False) if cpus > 1 else (0, True))
+    assert plan.plan_slices(64, None, None, async_mode=True) == (cpus - 1, True)
     assert plan.plan_slices(64, None, None, async_mode=False) == (max(0, cpus - 1), True)
+    assert plan.plan_slices(2, None, None, async_mode=True) == (min(1, cpus - 1), True)  # an env for the caller
+    assert plan.plan_slices(64, None, False, async_mode=True) == (max(1, cpus - 1), False)
+    assert plan.plan_slices(4, 4, None, async_mode=True) == (4, False)  # one process per env: none left
 
 
 @pytest.mark.parametrize("busy", [0, 1, 14, 16])
@@ -253,7 +257,7 @@ def test_default_workers_leave_out_the_cpus_other_programs_keep_busy(monkeypatch
     monkeypatch.setattr(plan, "usable_cpus", lambda: 16)
     idle_for_workers = max(0, 15 - busy)
     assert plan.plan_slices(64, None, None, async_mode=False, busy_cpus=busy) == (idle_for_workers, True)
-    assert plan.plan_slices(64, None, None, async_mode=True, busy_cpus=busy) == (idle_for_workers, idle_for_workers == 0)
+    assert plan.plan_slices(64, None, None, async_mode=True, busy_cpus=busy) == (idle_for_workers, True)
     assert plan.plan_slices(64, None, False, async_mode=True, busy_cpus=busy) == (max(1, idle_for_workers), False)
     assert plan.plan_slices(64, 4, None, async_mode=False, busy_cpus=busy) == (4, True)  # an explicit count stands
 

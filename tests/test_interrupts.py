@@ -344,10 +344,16 @@ def test_ctrl_c_in_recv_loses_no_env(num_workers, where, closing):
     ids = infos["env_id"].tolist()
     assert ids[:2] == [4, 5] and set(ids[2:]) < {0, 1, 2, 3}  # the resets first, then two that stepped
     assert _steps(obs) == [0, 0, 1, 1]
-    # Every env comes back once per send, having stepped once per send.
+    _assert_each_env_steps_once_per_send(envs, ids, rounds=3)
+
+
+def _assert_each_env_steps_once_per_send(envs, ids: list[int], rounds: int) -> None:
+    """From a recv() that returned `ids` (envs 4 and 5 reset, two of envs
+    0-3 stepped once, the other two of them in flight): every env comes back
+    once per send, having stepped once per send."""
     sent = {env: 1 if env < 4 else 0 for env in range(6)}
     out = set(range(4)) - set(ids)
-    for _ in range(3):
+    for _ in range(rounds):
         envs.send(actions_for(4), ids)
         out.update(ids)
         for env in ids:
@@ -468,6 +474,57 @@ def test_ctrl_c_while_the_caller_steps_envs_in_recv_loses_none(tmp_path, closing
     envs.send(actions_for(4), [4, 5, 0, 1])
     obs, _, _, _, infos = envs.recv()
     assert infos["env_id"].tolist() == [2, 3, 4, 5] and _steps(obs) == [1, 1, 1, 1]
+
+
+def _slice_envs(gate, closing):
+    """Async mode with one worker and the caller's own slice: envs 0-2 are
+    the caller's, 3-5 the worker's."""
+    envs = shmvec.ShmVecEnv([functools.partial(FaultEnv, gate=str(gate))] * 6, batch_size=4, num_workers=1,
+                            caller_steps=True, start_method="fork")
+    closing(envs)
+    assert envs._engine._caller.rows == range(0, 3)
+    envs.async_reset(seed=0)
+    assert envs.recv()[4]["env_id"].tolist() == [0, 1, 2, 3]
+    return envs
+
+
+def test_ctrl_c_while_recv_steps_the_callers_own_slice_loses_none(tmp_path, closing):
+    """recv() steps the caller's own envs while too few have finished: a
+    Ctrl-C meanwhile lands once the env it steps is done, and every env
+    comes back, stepped once per send."""
+    gate = tmp_path / "gate"
+    envs = _slice_envs(gate, closing)
+    envs.send(actions_for(4, 0, GATE), [0, 1, 2, 3])  # env 0, the caller's, waits for the gate
+    start = time.monotonic()
+    with later((0.1, ctrl_c), (0.6, gate.touch)), pytest.raises(KeyboardInterrupt):
+        envs.recv()
+    assert time.monotonic() - start >= 0.55  # it finished env 0 first
+    obs, _, _, _, infos = envs.recv()
+    ids = infos["env_id"].tolist()
+    assert ids[:2] == [4, 5] and set(ids[2:]) <= {0, 1, 2, 3} and 0 in ids and _steps(obs) == [0, 0, 1, 1]
+    _assert_each_env_steps_once_per_send(envs, ids, rounds=5)
+
+
+def test_a_second_ctrl_c_while_recv_steps_the_callers_own_slice_asks_for_async_reset(tmp_path, closing):
+    """A second Ctrl-C stops the env the caller steps for its own slice
+    inside its step: the batch is half done, send() says so until
+    async_reset(), which brings every env back."""
+    gate = tmp_path / "gate"
+    envs = _slice_envs(gate, closing)
+    envs.send(actions_for(4, 0, GATE), [0, 1, 2, 3])
+    start = time.monotonic()
+    with later((0.1, ctrl_c), (0.3, ctrl_c)), pytest.raises(KeyboardInterrupt):
+        envs.recv()
+    assert time.monotonic() - start < 2  # stopped inside env 0's step, not after it
+    with pytest.raises(RuntimeError, match=r"interrupted mid-batch; .*async_reset\(\) in async mode"):
+        envs.send(actions_for(2), [4, 5])
+    gate.touch()
+    envs.async_reset(seed=1)
+    obs, _, _, _, infos = envs.recv()
+    assert infos["env_id"].tolist() == [0, 1, 2, 3] and _steps(obs) == [0, 0, 0, 0]
+    envs.send(actions_for(4), [0, 1, 2, 3])
+    obs, _, _, _, infos = envs.recv()
+    assert infos["env_id"].tolist()[:2] == [4, 5] and _steps(obs) == [0, 0, 1, 1]
 
 
 def test_a_second_ctrl_c_in_the_callers_own_resets_asks_for_async_reset(closing):

@@ -2,9 +2,13 @@
 their workers one by one and come back in the order they finish, through
 per-worker rings in the arena; a slow env does not stall the others.
 
+The caller's own slice, when it has one, has rings too: ``recv()`` steps its
+envs one by one while too few have finished, where it would otherwise wait,
+and they come back in the same order as the workers' (on 2 CPUs the caller's
+CPU was idle while it waited for its one worker; see plan.plan_slices).
 Without workers (no CPU idle for one: see plan.default_num_workers),
-``CallerSteps`` keeps the same API and the caller steps the envs itself, in
-recv(), where it would otherwise wait.
+``CallerSteps`` keeps the same API and the caller steps every env itself, in
+recv().
 
 With restarts, a worker found dead (checked every CHECK_EVERY_S) or hung
 (envs in flight and none finished for `timeout`) is replaced while the
@@ -35,17 +39,26 @@ RECORD_CAPACITY = 8 * 1024  # per env, for async records (infos); larger ones ar
 
 
 class AsyncSteps:
-    """send/recv over an engine's workers (the caller steps no slice)."""
+    """send/recv over an engine's workers, and the caller's own slice
+    (`own`) if it has one."""
 
     CHECK_EVERY_S = 0.02
 
-    def __init__(self, engine: Engine, data: _core.Mapping, offset: int):
+    def __init__(self, engine: Engine, data: _core.Mapping, offset: int, own: EnvSlice | None):
         self._engine = engine
         self._pool = engine.pool
         self._channel = engine.pool.channel
         self._info = engine.info_columns
-        self._owner = [w for w, rows in enumerate(engine.worker_rows) for _ in rows]
-        self._channel.attach_async(data, offset, engine.num_envs, RECORD_CAPACITY, self._owner)
+        self._own = own
+        self._own_overflow: dict[int, bytes] = {}  # the own slice's records too large for their slots
+        # Each env's stepper: its worker, or num_workers for the caller's own slice.
+        self._owner = [0] * engine.num_envs
+        for w, rows in enumerate(engine.worker_rows):
+            self._owner[rows.start:rows.stop] = [w] * len(rows)
+        if own is not None:
+            self._owner[own.rows.start:own.rows.stop] = [engine.num_workers] * len(own.rows)
+        self._channel.attach_async(data, offset, engine.num_envs, RECORD_CAPACITY, self._owner,
+                                   engine.num_workers + (own is not None))
         # Restarts: when each worker last finished an env (or had none in flight).
         self._progress = [(0, time.monotonic())] * engine.num_workers
         self._next_check = 0.0
@@ -86,6 +99,7 @@ class AsyncSteps:
         engine.restarted_rows = []
         if pool.restart and time.monotonic() >= self._next_check and self._restart():
             return
+        self._step_own(count)
         code = self._channel.recv(count, pool.sentinels, pool.timeout, into)
         if code != 0 and pool.restart and self._restart():
             return
@@ -98,12 +112,29 @@ class AsyncSteps:
         info columns included, or None when one of its envs has a record
         (they wait in `finished` for recv()). Only with nothing in `finished`."""
         self._engine.check_owner()
+        self._step_own(count)
         pool, info = self._pool, self._info
         taken = self._channel.take_batch(count, pool.sentinels, pool.timeout, finished, in_flight, sources,
                                          info.flags, info.columns, front)
         if type(taken) is int:
             pool.check_wait(taken)  # raises
         return taken
+
+    def _step_own(self, count: int) -> None:
+        """Steps the caller's own queued envs while fewer than `count` envs
+        have finished, and at least one, so that none of them waits for good
+        behind workers that keep ahead (see FrontChannel.step_own). A Ctrl-C
+        during the steps is held until they are done; a second one stops
+        them inside an env's step, which leaves the batch half done."""
+        if self._own is not None and self._channel.own_pending:
+            _core.run_holding_interrupt(self._step_own_held, count)
+
+    def _step_own_held(self, count: int) -> None:
+        try:
+            self._channel.step_own(self._own.stepper, count, True, P.dumps, P.encode_error, self._own_overflow)
+        except KeyboardInterrupt:
+            self._engine.cycle.half_done(INTERRUPTED)
+            raise
 
     def _restart(self) -> bool:
         """Replaces workers that died, or that have had envs in flight and
@@ -129,7 +160,7 @@ class AsyncSteps:
         flight); returns those with envs in flight and none finished for
         `timeout` seconds."""
         hung, timeout = [], self._pool.timeout
-        for w, (done, left) in enumerate(self._channel.async_progress()):
+        for w, (done, left) in enumerate(self._channel.async_progress()[:self._engine.num_workers]):
             if done != self._progress[w][0] or not left:
                 self._progress[w] = (done, now)
             elif timeout >= 0 and now - self._progress[w][1] >= timeout:
@@ -139,8 +170,11 @@ class AsyncSteps:
     def wait_finished(self, count: int, timeout: float) -> bool:
         """Waits up to `timeout` seconds for `count` envs to finish, popping
         nothing; True when they did or a worker died (recv() then handles
-        it). Only reads shared memory: another thread may send() meanwhile."""
+        it), or when the caller's own slice has the rest queued (recv() steps
+        them). Only reads shared memory: another thread may send() meanwhile."""
         self._engine.cycle.check_usable()
+        if self._own is not None:
+            count -= min(count, self._channel.own_pending)
         return self._channel.wait_finished(count, self._pool.sentinels, timeout) != -1
 
     def records(self, rows: np.ndarray) -> list[StepRecord]:
@@ -155,7 +189,9 @@ class AsyncSteps:
         length, is_error, overflow = self._channel.record(row)
         if not length:
             return None
-        if overflow:
+        if overflow and self._owner[row] == self._engine.num_workers:  # the caller's own slice's
+            data = self._own_overflow.pop(row)
+        elif overflow:
             owner = self._owner[row]
             data = P.loads(self._engine.transport.request(P.FETCH_RECORD, [P.dumps(row)], [owner])[0])
         else:

@@ -174,8 +174,11 @@ class Engine(CommandRunner):
             "metadata": descriptions[0]["metadata"],
             "render_mode": descriptions[0]["render_mode"],
         }
-        async_size = _core.async_region_size(self.num_envs, self.num_workers, RECORD_CAPACITY) if self.async_mode else 0
-        self.layout = DataLayout(obs_space, act_space, self.num_envs, self._fixed_size, async_size, RECORD_CAPACITY)
+        # Async mode: a pair of rings per worker, and one for the caller's own slice.
+        rings = self.num_workers + (1 if self._caller is not None else 0) if self.async_mode else 0
+        async_size = _core.async_region_size(self.num_envs, rings, RECORD_CAPACITY) if rings else 0
+        self.layout = DataLayout(obs_space, act_space, self.num_envs, self._fixed_size, async_size, RECORD_CAPACITY,
+                                 rings)
         total = self._fixed_size + self.layout.size
         _core.resize_shared_file(self.pool.fds[1], total)
         self._data = _core.Mapping(self.pool.fds[1], total)
@@ -188,8 +191,8 @@ class Engine(CommandRunner):
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
         if self.async_mode:
-            self.async_steps = (AsyncSteps(self, self._data, self.layout.async_offset) if self.num_workers
-                                else CallerSteps(self, self._caller))
+            self.async_steps = (AsyncSteps(self, self._data, self.layout.async_offset, self._caller)
+                                if self.num_workers else CallerSteps(self, self._caller))
         if self.num_workers:
             self._attach_request = P.dumps((self.layout, obs_space, act_space, autoreset_code))
             self.transport.request(P.ATTACH, [self._attach_request] * self.num_workers)

@@ -171,7 +171,7 @@ class DataLayout:
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space,
                  num_envs: int, base_offset: int, async_region_size: int = 0,
-                 record_capacity: int = 0):
+                 record_capacity: int = 0, async_rings: int = 0):
         self.num_envs = num_envs
         self.observation_leaves = leaves_of(observation_space)
         self.action_leaves = leaves_of(action_space)
@@ -192,8 +192,10 @@ class DataLayout:
         # (see shmvec._engine.info_columns), and per env whether its info is there.
         self.info_values = self._add((n, INFO_COLUMNS), np.dtype(np.int64))
         self.info_flags = self._add((n,), np.dtype(np.uint8))
-        # Async mode's rings and per-env record slots (laid out by the core).
+        # Async mode's rings (a pair per worker, and one for the caller's own
+        # slice if it has one) and per-env record slots (laid out by the core).
         self.record_capacity = record_capacity
+        self.async_rings = async_rings
         self.async_offset = None
         if async_region_size:
             self.async_offset = self._add((async_region_size,), np.dtype(np.uint8)).offset

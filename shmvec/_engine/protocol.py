@@ -68,6 +68,11 @@ class RemoteError:
         return cls(exc, tb, row)
 
 
+def encode_error(exc: BaseException, row: int) -> bytes:
+    """An async env's exception as its record (recv() raises it)."""
+    return dumps(RemoteError.capture(exc, row))
+
+
 class StepRecord(NamedTuple):
     """What an env's step (or reset) sends back beside the arena's arrays,
     when it has any of it. Slices build them as plain tuples (the native

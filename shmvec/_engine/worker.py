@@ -62,10 +62,6 @@ class WorkerSpec:
     cpu: int | None
 
 
-def _encode_error(exc: BaseException, row: int) -> bytes:
-    return P.dumps(P.RemoteError.capture(exc, row))
-
-
 def main(spec: WorkerSpec) -> None:
     # Ctrl-C reaches the whole process group; the front end decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -147,7 +143,7 @@ class Worker:
             cmd = self.channel.wait_command()
             return (0, 0, 0, None) if cmd is None else (*cmd, None)
         try:
-            return self.channel.serve(stepper, P.dumps, _encode_error, self.overflow)
+            return self.channel.serve(stepper, P.dumps, P.encode_error, self.overflow)
         except BaseException as exc:  # an env failed during a natively served step
             error = P.RemoteError.capture(exc, stepper.failed_row)
             pending = self._reply(P.ERROR, P.dumps(error))
@@ -183,7 +179,7 @@ class Worker:
             s.attach(layout, self.data_mapping, obs_space, act_space, autoreset_code)
             if layout.async_offset is not None:
                 self.channel.attach_async(self.data_mapping, layout.async_offset, layout.num_envs,
-                                          layout.record_capacity)
+                                          layout.record_capacity, layout.async_rings)
             return None
         if code == P.INFO_SCHEMA:
             return s.stepper.info_schema
