@@ -10,8 +10,8 @@ If the caller spends most of a pair waiting, the workers set the pace; if
 it hardly waits, the caller does. A diagnostic that calls and wraps some of
 shmvec's internals (``AsyncSteps.wait_finished`` before each ``recv()``,
 which does not wait for what the caller's own slice will step, and
-``AsyncSteps.recv`` and ``take_batch``; without workers ``CallerSteps.recv``,
-which steps the envs in the caller), not a benchmark: ``shmvec bench
+``AsyncSteps.recv`` and ``take_batch``, which step the caller's own envs
+first), not a benchmark: ``shmvec bench
 --async-batch B`` measures async mode. Run it as a script (it starts
 workers): ``python bench/async_pairs.py``.
 """
@@ -48,7 +48,7 @@ def main() -> None:
                             num_workers=args.workers, caller_steps=CALLER_STEPS[args.caller_steps])
     try:
         steps, workers = envs._engine.async_steps, envs.num_workers
-        own = envs._engine._caller is not None and workers > 0
+        own = envs._engine._caller is not None
         taking = [0]
 
         def timed(original):  # set on the instance
@@ -75,7 +75,7 @@ def main() -> None:
             # What recv() will take from the rings: reset results and envs an
             # earlier recv() popped are at hand.
             at_hand = min(len(envs._reset_ready), args.batch_size) + len(envs._finished)
-            if workers and at_hand < args.batch_size:
+            if at_hand < args.batch_size:
                 steps.wait_finished(args.batch_size - at_hand, 10.0)
             t1 = time.perf_counter_ns()
             obs, *_, infos = envs.recv()
@@ -92,7 +92,7 @@ def main() -> None:
     wait, recv, take, think, send = (np.array(parts) / 1e3).mean(axis=0)
     pair = wait + recv + think + send
     taken = ("stepping the caller's own envs and taking them all from the rings" if own
-             else "taking them from the rings" if workers else "stepping them in the caller")
+             else "taking them from the rings")
     print(f"{args.env} x{args.num_envs}, batch_size {args.batch_size}, {workers} workers"
           f"{', the caller a slice' if own else ''}: {args.batch_size / pair:.3f}M steps/s; "
           f"a pair {pair:.1f} us on average: waiting {wait:.1f}, recv {recv:.1f} ({taken} {take:.1f}, "

@@ -702,7 +702,6 @@ PYBIND11_MODULE(_core, m) {
            py::arg("truncations"), py::arg("autoreset_mode"), py::arg("write_fallback"))
       .def("step", &Stepper::step, py::arg("object_actions") = py::none())
       .def("step_row", &Stepper::step_row, py::arg("row"))
-      .def("step_rows", &Stepper::step_rows, py::arg("rows"))
       .def("write_observation", &Stepper::write_observation, py::arg("row"), py::arg("obs"))
       .def("reset_done", &Stepper::reset_done, py::arg("row"))
       .def("mark_restarted", &Stepper::mark_restarted, py::arg("row"))

@@ -341,17 +341,6 @@ py::object Stepper::step_row(py::ssize_t row) {
   return step_env(row - first_row_, py::none());
 }
 
-py::list Stepper::step_rows(const RowArray& rows) {
-  check_rows_1d(rows);
-  py::list records;
-  const int64_t* row = rows.data();
-  for (py::ssize_t i = 0; i < rows.shape(0); ++i) {
-    py::object record = step_row(static_cast<py::ssize_t>(row[i]));
-    if (!record.is_none()) records.append(std::move(record));
-  }
-  return records;
-}
-
 py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
   const py::ssize_t row = first_row_ + k;
   failed_row_ = row;

@@ -9,8 +9,6 @@
 
 #include <vector>
 
-#include "row_array.hpp"
-
 namespace shmvec {
 
 namespace py = pybind11;
@@ -57,12 +55,9 @@ class Stepper {
   // SAME_STEP has final_obs None: the front end holds the last observation
   // it handed out. Raises the env's own exception; failed_row says where.
   py::object step(py::object object_actions);
-  // Steps one env of the slice (async mode); returns its record or None.
+  // Steps one env of the slice (async mode: a worker, or the caller for its
+  // own slice); returns its record or None.
   py::object step_row(py::ssize_t row);
-  // Steps the envs of `rows` (async mode stepped by the caller, in recv()),
-  // in that order (an int64 array, read with no Python int per env);
-  // returns the records of those that have one (as step()).
-  py::list step_rows(const RowArray& rows);
 
   // Writes an observation of env `row` (e.g. after an explicit reset) and
   // returns its non-fixed leaves (a list) or None.

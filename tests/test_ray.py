@@ -105,6 +105,22 @@ def test_actor_workers_come_from_ray_cpu_grant(closing):
     assert async_envs.num_workers == [1, 1]  # async: the actor only waits
 
 
+def test_actor_envs_in_async_mode_step_no_envs_on_the_event_loop(monkeypatch):
+    # recv() runs on the actor's event loop: with workers, the ShmVecEnv an
+    # actor makes gives the caller no slice of its own (async mode's default
+    # gives it one); with none, the caller steps every env, as asked.
+    from shmvec.ray import actor
+
+    monkeypatch.setattr(actor, "_granted_workers", lambda num_envs, caller_steps: 1)
+    made = []
+    monkeypatch.setattr(actor, "ShmVecEnv", lambda env_fns, batch_size, **kwargs: made.append(kwargs))
+    actor.shmvec_env_for_grant([cartpole] * 4, 2, {})
+    actor.shmvec_env_for_grant([cartpole] * 4, 2, {"num_workers": 0})
+    actor.shmvec_env_for_grant([cartpole] * 4, None, {})
+    assert [kwargs.get("caller_steps") for kwargs in made] == [False, None, None]
+    assert [kwargs["num_workers"] for kwargs in made] == [1, 0, 1]
+
+
 def assert_matches_sync(got: list, make, actions: np.ndarray, mode) -> None:
     """Each env's received steps are the first steps SyncVectorEnv gives it."""
     longest = max(len(t) for t in got)

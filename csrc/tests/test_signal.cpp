@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -48,7 +49,8 @@ struct Arena {
 Arena make_arena() {
   Arena a;
   a.async_offset = a.fixed.size();
-  const std::size_t size = a.async_offset + AsyncRegion::size(kEnvs, kWorkers, 64);
+  // Room for a pair of rings per worker and one for the caller's own slice.
+  const std::size_t size = a.async_offset + AsyncRegion::size(kEnvs, kWorkers + 1, 64);
   a.fd = platform::create_shared_file(size);
   CHECK(a.fd >= 0);
   a.base = static_cast<char*>(platform::map_shared(a.fd, size));
@@ -166,6 +168,57 @@ void test_pop_finished_takes_the_oldest_across_workers() {
   close(never[0]);
   close(never[1]);
   std::printf("pop_finished: oldest first across workers, in pieces: ok\n");
+}
+
+// The caller's own slice (async mode) has the pair of rings after the
+// workers': send() queues its envs there without ringing anyone, the front
+// end pops and pushes them itself, and pop_finished() merges them with the
+// workers' by ticket.
+void test_callers_own_ring_merges_with_the_workers() {
+  Arena a = make_arena();
+  FrontChannel front(a.base, a.fixed, true);
+  const std::vector<uint32_t> owner = {0, 0, 1, 1, 2, 2};  // 2: the caller's own slice
+  const AsyncRegion region(a.base + a.async_offset, kEnvs, kWorkers + 1, 64);
+  bool refused = false;
+  try {
+    front.attach_async(AsyncRegion(a.base + a.async_offset, kEnvs, kWorkers + 2, 64), {0, 0, 1, 1, 3, 3});
+  } catch (const std::invalid_argument&) {
+    refused = true;  // one pair of rings beyond the workers' at most
+  }
+  CHECK(refused);
+  front.attach_async(region, owner);
+  int never[2];
+  CHECK(pipe(never) == 0);
+  WorkerChannel w0(a.base, a.fixed, 0, never[0]), w1(a.base, a.fixed, 1, never[0]);
+  w0.attach_async(region);
+  w1.attach_async(region);
+  const std::vector<uint32_t> order = {4, 0, 5, 2, 1, 3};  // finishing order
+  for (int round = 0; round < 50; ++round) {
+    front.send(std::vector<uint32_t>{5, 0, 1, 2, 3, 4});
+    CHECK(front.own_pending() == 2);
+    uint32_t row, own[2];
+    CHECK(front.pop_own(&own[0]) && front.pop_own(&own[1]) && !front.pop_own(&row));
+    CHECK(own[0] == 5 && own[1] == 4);  // in the order sent
+    CHECK(front.own_pending() == 0);
+    std::vector<uint32_t> todo;
+    while (w0.pop_todo(&row)) todo.push_back(row);
+    while (w1.pop_todo(&row)) todo.push_back(row);
+    CHECK((todo == std::vector<uint32_t>{0, 1, 2, 3}));
+    for (uint32_t r : order) {
+      if (r >= 4) front.push_own(r);
+      else (r < 2 ? w0 : w1).push_finished(r);
+    }
+    CHECK(front.finished_ready() == 6);
+    const auto progress = front.async_progress();
+    CHECK(progress.size() == 3 && progress[2].second == 0);
+    const uint32_t first = 1 + round % 5;
+    std::vector<uint32_t> got = front.pop_finished(first);
+    for (uint32_t r : front.pop_finished(6 - first)) got.push_back(r);
+    CHECK(got == order);
+  }
+  close(never[0]);
+  close(never[1]);
+  std::printf("the caller's own ring: sent, popped and merged by ticket: ok\n");
 }
 
 void test_worker_sees_dead_parent() {
@@ -502,5 +555,6 @@ int main() {
   test_front_sees_dead_worker();
   test_commands_and_async();
   test_pop_finished_takes_the_oldest_across_workers();
+  test_callers_own_ring_merges_with_the_workers();
   return 0;
 }

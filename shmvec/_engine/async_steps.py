@@ -6,9 +6,8 @@ The caller's own slice, when it has one, has rings too: ``recv()`` steps its
 envs one by one while too few have finished, where it would otherwise wait,
 and they come back in the same order as the workers' (on 2 CPUs the caller's
 CPU was idle while it waited for its one worker; see plan.plan_slices).
-Without workers (no CPU idle for one: see plan.default_num_workers),
-``CallerSteps`` keeps the same API and the caller steps every env itself, in
-recv().
+Without workers (no CPU idle for one: see plan.default_num_workers) the
+caller's slice is every env, and recv() steps them all.
 
 With restarts, a worker found dead (checked every CHECK_EVERY_S) or hung
 (envs in flight and none finished for `timeout`) is replaced while the
@@ -33,7 +32,7 @@ if TYPE_CHECKING:
     from shmvec._engine.engine import Engine
     from shmvec._engine.env_slice import EnvSlice
 
-__all__ = ["AsyncSteps", "CallerSteps", "RECORD_CAPACITY"]
+__all__ = ["AsyncSteps", "RECORD_CAPACITY"]
 
 RECORD_CAPACITY = 8 * 1024  # per env, for async records (infos); larger ones are fetched
 
@@ -43,6 +42,7 @@ class AsyncSteps:
     (`own`) if it has one."""
 
     CHECK_EVERY_S = 0.02
+    POLL_S = 0.001  # without workers, wait_finished()'s look at what another thread's send() queued
 
     def __init__(self, engine: Engine, data: _core.Mapping, offset: int, own: EnvSlice | None):
         self._engine = engine
@@ -173,9 +173,15 @@ class AsyncSteps:
         it), or when the caller's own slice has the rest queued (recv() steps
         them). Only reads shared memory: another thread may send() meanwhile."""
         self._engine.cycle.check_usable()
+        channel = self._channel
+        if not self._engine.num_workers:  # nobody steps envs until recv(): wait for them to be sent
+            deadline = time.monotonic() + timeout
+            while channel.finished_ready + channel.own_pending < count and time.monotonic() < deadline:
+                time.sleep(self.POLL_S)
+            return channel.finished_ready + channel.own_pending >= count
         if self._own is not None:
-            count -= min(count, self._channel.own_pending)
-        return self._channel.wait_finished(count, self._pool.sentinels, timeout) != -1
+            count -= min(count, channel.own_pending)
+        return channel.wait_finished(count, self._pool.sentinels, timeout) != -1
 
     def records(self, rows: np.ndarray) -> list[StepRecord]:
         """The records of the envs of `rows` (an int64 array) that have one,
@@ -201,77 +207,3 @@ class AsyncSteps:
             self._engine.cycle.half_done(ENV_RAISED)
             raise_remote(record)
         return StepRecord._make(record)
-
-
-class CallerSteps:
-    """send/recv when the caller steps every env itself (async mode with
-    ``num_workers=0``): send() queues the envs, recv() steps the first ones
-    queued. One process and no handoffs, as in SyncVectorEnv, which is what
-    a machine whose CPUs are all taken runs fastest; a slow env then stalls
-    the batch it is in."""
-
-    POLL_S = 0.001  # wait_finished()'s look at the queue, which another thread fills
-
-    def __init__(self, engine: Engine, envs: EnvSlice):
-        self._engine = engine
-        self._envs = envs
-        self._queue = _core.RowQueue()  # envs sent, oldest first: int64 rows, no Python int per env
-        self._records: dict[int, StepRecord] = {}
-
-    def send_actions(self, ids: np.ndarray, in_flight: np.ndarray, views: list, values: list) -> int:
-        """As AsyncSteps.send_actions, in Python: the envs' queueing and
-        their marks in `in_flight` are made with Ctrl-C held."""
-        self._engine.cycle.check_usable()
-        problem = _core.env_ids_problem(ids, in_flight)
-        if not problem:
-            _core.write_rows(ids, views, values)
-            _core.run_holding_interrupt(self._queue_rows, ids, in_flight)
-        return problem
-
-    def _queue_rows(self, ids: np.ndarray, in_flight: np.ndarray) -> None:
-        self._queue.extend(ids)
-        in_flight[ids] = True
-
-    def recv(self, count: int, into: _core.RowQueue, discard: bool = False) -> None:
-        """Steps the first `count` envs queued and appends their rows to
-        `into`. With `discard` (async_reset() drops their results) they are
-        not stepped. A Ctrl-C during the steps is held until the rows are in
-        `into` (see CommandRunner._run_caller_slice); an env that raises, or
-        a second Ctrl-C, leaves the batch half done, as a worker's env does,
-        and its envs queued for async_reset() to discard."""
-        self._engine.cycle.check_usable()
-        self._engine.restarted_rows = []
-        _core.run_holding_interrupt(self._take, count, into, discard)
-
-    def _take(self, count: int, into: _core.RowQueue, discard: bool) -> None:
-        rows = self._queue.head(count)
-        if not discard:
-            try:
-                records = self._envs.step_rows(rows)
-            except BaseException as exc:
-                self._engine.cycle.half_done(INTERRUPTED if isinstance(exc, KeyboardInterrupt) else ENV_RAISED)
-                raise
-            for record in records:
-                self._records[record[0]] = StepRecord._make(record)
-        self._queue.drop(count)
-        into.extend(rows)
-
-    def take_batch(self, count: int, finished: _core.RowQueue, in_flight: np.ndarray, sources: list,
-                   front: Any) -> None:
-        """None: the caller steps the envs in recv()."""
-        return None
-
-    def wait_finished(self, count: int, timeout: float) -> bool:
-        """Whether `count` envs are queued, the next recv() steps them
-        (waiting up to `timeout` seconds for another thread's send())."""
-        self._engine.cycle.check_usable()
-        deadline = time.monotonic() + timeout
-        while len(self._queue) < count and time.monotonic() < deadline:
-            time.sleep(self.POLL_S)
-        return len(self._queue) >= count
-
-    def records(self, rows: np.ndarray) -> list[StepRecord]:
-        """The records of the envs of `rows` that have one (most steps have none)."""
-        if not self._records:
-            return []
-        return [self._records.pop(row) for row in rows.tolist() if row in self._records]

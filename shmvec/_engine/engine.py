@@ -21,7 +21,7 @@ import numpy as np
 
 from shmvec import _core
 from shmvec._engine import protocol as P
-from shmvec._engine.async_steps import RECORD_CAPACITY, AsyncSteps, CallerSteps
+from shmvec._engine.async_steps import RECORD_CAPACITY, AsyncSteps
 from shmvec._engine.commands import CommandRunner, _Command
 from shmvec._engine.cycle import BROKEN, CLOSED, CommandCycle
 from shmvec._engine.env_slice import EnvSlice, make_envs
@@ -98,7 +98,7 @@ class Engine(CommandRunner):
         self.handed_out: _Command | None = None
         self._caller: EnvSlice | None = None
         self.transport: Transport | None = None
-        self.async_steps: AsyncSteps | CallerSteps | None = None  # send/recv, in async mode
+        self.async_steps: AsyncSteps | None = None  # send/recv, in async mode
         try:
             self._start(env_fns, pin_workers, leave_free=caller_cpus(caller_steps, async_mode), busy_cpus=busy_cpus)
             if caller_rows is not None:
@@ -191,8 +191,7 @@ class Engine(CommandRunner):
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
         if self.async_mode:
-            self.async_steps = (AsyncSteps(self, self._data, self.layout.async_offset, self._caller)
-                                if self.num_workers else CallerSteps(self, self._caller))
+            self.async_steps = AsyncSteps(self, self._data, self.layout.async_offset, self._caller)
         if self.num_workers:
             self._attach_request = P.dumps((self.layout, obs_space, act_space, autoreset_code))
             self.transport.request(P.ATTACH, [self._attach_request] * self.num_workers)

@@ -113,15 +113,6 @@ class EnvSlice:
             self.failed_row = self.stepper.failed_row
             raise
 
-    def step_rows(self, rows: np.ndarray) -> list:
-        """Steps the envs of `rows` (async mode without workers); returns the
-        records of those that have one."""
-        try:
-            return self.stepper.step_rows(rows)
-        except BaseException:
-            self.failed_row = self.stepper.failed_row
-            raise
-
     def reset(self, seeds: list, options: dict | None, mask: np.ndarray | None):
         """Resets the envs (those in `mask`, if given); returns records like step's."""
         records = []

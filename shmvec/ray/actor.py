@@ -35,8 +35,10 @@ def _granted_workers(num_envs: int, caller_steps: bool) -> int:
 def shmvec_env_for_grant(env_fns: list, batch_size: int | None, kwargs: dict[str, Any]) -> ShmVecEnv:
     """A ShmVecEnv sized from Ray's CPU grant unless `num_workers` is given."""
     kwargs = dict(kwargs)
-    if batch_size is not None and batch_size < len(env_fns) and kwargs.get("caller_steps") is None:
-        # Async mode: recv() runs on the actor's event loop, which must not step envs.
+    if (batch_size is not None and batch_size < len(env_fns) and kwargs.get("caller_steps") is None
+            and kwargs.get("num_workers") != 0):
+        # Async mode: recv() runs on the actor's event loop, which steps no
+        # envs while it has workers (with none it steps them all, in recv()).
         kwargs["caller_steps"] = False
     if kwargs.get("num_workers") is None:
         caller_steps = kwargs.get("caller_steps")
