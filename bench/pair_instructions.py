@@ -60,7 +60,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=500)
     args = parser.parse_args()
 
-    envs = shmvec.ShmVecEnv([ENVS[args.env]] * args.num_envs, num_workers=1, batch_size=args.batch_size)
+    envs = shmvec.ShmVecEnv([ENVS[args.env]] * args.num_envs, num_workers=1, caller_steps=False,
+                            batch_size=args.batch_size)  # the worker steps every env
     try:
         envs.async_reset(seed=0)
         space = envs.single_action_space
