@@ -183,25 +183,18 @@ AsyncRegion async_region(const Mapping& data, std::size_t offset, uint32_t num_e
 // error but stops recv(); the env is left with no record.
 void step_async_row(const AsyncRegion& region, Stepper& stepper, uint32_t row, py::object& dumps,
                     py::object& encode_error, py::dict& overflow, bool pass_interrupts) {
-  py::object record;
-  int32_t is_error = 0;
   RecordSlot* slot = region.record(row);
+  slot->length = slot->is_error = slot->overflow = 0;  // no record, unless the step leaves one
+  py::object record;
   try {
     record = stepper.step_row(row);
     if (!record.is_none()) record = dumps(record);
   } catch (py::error_already_set& e) {
-    if (pass_interrupts && e.matches(PyExc_KeyboardInterrupt)) {
-      slot->is_error = slot->overflow = 0;
-      slot->length = 0;
-      throw;
-    }
+    if (pass_interrupts && e.matches(PyExc_KeyboardInterrupt)) throw;
     if (e.trace()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
     record = encode_error(e.value(), row);
-    is_error = 1;
+    slot->is_error = 1;
   }
-  slot->is_error = is_error;
-  slot->overflow = 0;
-  slot->length = 0;
   if (!record.is_none()) {
     const auto len = static_cast<uint64_t>(PyBytes_GET_SIZE(record.ptr()));
     slot->length = static_cast<int64_t>(len);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -131,6 +132,24 @@ void test_commands_and_async() {
   std::printf("commands and async rings: %u round trips ok\n", kRounds);
 }
 
+// Both workers' channels in this process, on `region`'s rings: a test pops
+// and pushes for them (their parent pipe never hangs up).
+struct InProcessWorkers {
+  int never[2];
+  std::unique_ptr<WorkerChannel> w0, w1;
+  InProcessWorkers(const Arena& a, const AsyncRegion& region) {
+    CHECK(pipe(never) == 0);
+    w0 = std::make_unique<WorkerChannel>(a.base, a.fixed, 0, never[0]);
+    w1 = std::make_unique<WorkerChannel>(a.base, a.fixed, 1, never[0]);
+    w0->attach_async(region);
+    w1->attach_async(region);
+  }
+  ~InProcessWorkers() {
+    close(never[0]);
+    close(never[1]);
+  }
+};
+
 // recv() hands out the envs that finished first, across workers: the
 // oldest tickets, each worker's in its ring's order, however many more have
 // finished. Two worker channels in this process push in an interleaved
@@ -141,11 +160,8 @@ void test_pop_finished_takes_the_oldest_across_workers() {
   std::vector<uint32_t> owner = {0, 0, 0, 1, 1, 1};
   const AsyncRegion region(a.base + a.async_offset, kEnvs, kWorkers, 64);
   front.attach_async(region, owner);
-  int never[2];
-  CHECK(pipe(never) == 0);
-  WorkerChannel w0(a.base, a.fixed, 0, never[0]), w1(a.base, a.fixed, 1, never[0]);
-  w0.attach_async(region);
-  w1.attach_async(region);
+  InProcessWorkers workers(a, region);
+  WorkerChannel &w0 = *workers.w0, &w1 = *workers.w1;
   const std::vector<uint32_t> order = {4, 0, 1, 5, 3, 2};  // finishing order: rows 0-2 are worker 0's
   for (int round = 0; round < 50; ++round) {
     front.send(std::vector<uint32_t>{0, 1, 2, 3, 4, 5});
@@ -165,8 +181,6 @@ void test_pop_finished_takes_the_oldest_across_workers() {
     CHECK(got == order);
     CHECK(front.finished_ready() == 0);
   }
-  close(never[0]);
-  close(never[1]);
   std::printf("pop_finished: oldest first across workers, in pieces: ok\n");
 }
 
@@ -187,11 +201,8 @@ void test_callers_own_ring_merges_with_the_workers() {
   }
   CHECK(refused);
   front.attach_async(region, owner);
-  int never[2];
-  CHECK(pipe(never) == 0);
-  WorkerChannel w0(a.base, a.fixed, 0, never[0]), w1(a.base, a.fixed, 1, never[0]);
-  w0.attach_async(region);
-  w1.attach_async(region);
+  InProcessWorkers workers(a, region);
+  WorkerChannel &w0 = *workers.w0, &w1 = *workers.w1;
   const std::vector<uint32_t> order = {4, 0, 5, 2, 1, 3};  // finishing order
   for (int round = 0; round < 50; ++round) {
     front.send(std::vector<uint32_t>{5, 0, 1, 2, 3, 4});
@@ -216,8 +227,6 @@ void test_callers_own_ring_merges_with_the_workers() {
     for (uint32_t r : front.pop_finished(6 - first)) got.push_back(r);
     CHECK(got == order);
   }
-  close(never[0]);
-  close(never[1]);
   std::printf("the caller's own ring: sent, popped and merged by ticket: ok\n");
 }
 
