@@ -578,6 +578,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("exit_when_hung_up", &platform::exit_when_hung_up, py::arg("fd"), py::arg("grace_ns"),
         py::arg("exit_code"),
         "A thread that ends this process `grace_ns` after pipe `fd` hangs up (a worker's parent died).");
+  m.def("current_cpu", &platform::current_cpu,
+        "The CPU the calling thread runs on now, or -1 if unknown (sched_getcpu, read from the vDSO or "
+        "rseq: no system call on current glibc).");
   m.def("unmap_all", [] {
     for (Mapping* m : all_mappings()) m->unmap();
   }, "Unmaps every arena mapping of this process for good (the objects stay, empty): for a "

@@ -38,6 +38,9 @@ bool exit_when_hung_up(int fd, int64_t grace_ns, int exit_code);
 // Offers the CPU to another runnable thread on this core (sched_yield).
 void yield_cpu();
 
+// The CPU this thread runs on now (sched_getcpu), or -1 if unknown.
+int current_cpu();
+
 // How many times this thread has been switched out involuntarily (preempted
 // by, or yielded to, another thread of this system). Time the hypervisor
 // takes from a virtual CPU does not count: the guest switched nothing.

@@ -93,6 +93,8 @@ bool exit_when_hung_up(int fd, int64_t grace_ns, int exit_code) {
 
 void yield_cpu() { sched_yield(); }
 
+int current_cpu() { return sched_getcpu(); }
+
 int64_t involuntary_switches() {
   struct rusage usage;
   if (getrusage(RUSAGE_THREAD, &usage) != 0) return -1;

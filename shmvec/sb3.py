@@ -53,7 +53,8 @@ class ShmVecEnv(VecEnv):
     Args:
         env_fns: callables that each make one env (lambdas and closures work).
         num_workers: worker processes; by default one per usable CPU, less one
-            when the caller steps a slice itself.
+            when the caller steps a slice itself, leaving out CPUs that other
+            programs keep busy (as for ``shmvec.ShmVecEnv``).
         caller_steps: the calling process steps one slice of envs itself while
             the workers step the rest (best on few cores). Left unset, it does
             when envs and a usable CPU remain besides one per worker.

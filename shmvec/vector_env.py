@@ -56,7 +56,9 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
     Args:
         env_fns: callables that each make one env (lambdas and closures work).
         num_workers: worker processes; by default one per usable CPU, less one
-            when the caller steps a slice itself.
+            when the caller steps a slice itself. CPUs that other programs
+            keep busy when the env is made are left out: with one idle, the
+            caller steps every env itself; with none, one worker.
         caller_steps: the calling process steps one slice of envs itself while
             the workers step the rest, instead of idling (best on few cores).
             Left unset, it does when envs and a usable CPU remain besides one
@@ -66,8 +68,10 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         pin_workers: ``"auto"`` (pin each worker to its own CPU when every
             worker gets one that no other shmvec env, of this program or
             another, holds, leaving one for the caller if it steps a slice
-            or runs the policy in async mode), ``True`` (pin, sharing CPUs
-            if too few are free), ``False``, or a list of CPU ids.
+            or runs the policy in async mode; where other programs keep every
+            CPU busy, lock-step workers run on the caller's CPU instead, moved
+            whenever it moves), ``True`` (pin, sharing CPUs if too few are
+            free), ``False``, or a list of CPU ids.
         start_method: ``"forkserver"`` (default, with numpy and gymnasium
             preloaded), ``"fork"`` or ``"spawn"``.
         autoreset_mode: an ``AutoresetMode`` or its value as a string

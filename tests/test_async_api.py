@@ -247,19 +247,42 @@ def test_async_mode_leaves_the_caller_a_cpu_for_the_policy(monkeypatch, cpus):
     assert plan.plan_slices(4, 4, None, async_mode=True) == (4, False)  # one process per env: none left
 
 
-@pytest.mark.parametrize("busy", [0, 1, 14, 16])
+@pytest.mark.parametrize("busy", [0, 1, 14, 15, 16])
 def test_default_workers_leave_out_the_cpus_other_programs_keep_busy(monkeypatch, busy):
     # Beside other programs' busy threads, a worker per usable CPU would
     # wait at every step for one of them to get a CPU back: one per idle
-    # CPU instead, and none (the caller steps every env) when none is idle.
+    # CPU instead, the caller counting as one, so none when one CPU is idle
+    # (the caller steps every env). With none idle, one worker all the same
+    # where its handoffs need not wait for other programs' turns: in async
+    # mode, and in lock-step on the caller's CPU (`follows`).
     from shmvec._engine import plan
 
     monkeypatch.setattr(plan, "usable_cpus", lambda: 16)
     idle_for_workers = max(0, 15 - busy)
+    all_busy = busy == 16
     assert plan.plan_slices(64, None, None, async_mode=False, busy_cpus=busy) == (idle_for_workers, True)
-    assert plan.plan_slices(64, None, None, async_mode=True, busy_cpus=busy) == (idle_for_workers, True)
+    assert plan.plan_slices(64, None, None, async_mode=False, busy_cpus=busy, follows=True) == (
+        1 if all_busy else idle_for_workers, True)
+    assert plan.plan_slices(64, None, None, async_mode=True, busy_cpus=busy) == (
+        1 if all_busy else idle_for_workers, True)
     assert plan.plan_slices(64, None, False, async_mode=True, busy_cpus=busy) == (max(1, idle_for_workers), False)
     assert plan.plan_slices(64, 4, None, async_mode=False, busy_cpus=busy) == (4, True)  # an explicit count stands
+    assert plan.plan_slices(1, None, None, async_mode=True, busy_cpus=busy) == (0, True)  # no env for a worker
+
+
+@pytest.mark.parametrize("cpus, busy, async_mode, pin, follows", [
+    (2, 2, False, "auto", True), (16, 16, False, "auto", True), (2, 3, False, "auto", True),
+    (2, 1, False, "auto", False), (16, 15, False, "auto", False),  # a CPU idle: the caller takes it
+    (2, 2, True, "auto", False),  # async mode: processes that do not wait for each other at every step
+    (2, 2, False, False, False), (2, 2, False, True, False), (2, 2, False, [0, 1], False),  # the user's pinning
+    (1, 1, False, "auto", False),  # one CPU: nowhere else to run
+])
+def test_lock_step_workers_follow_the_caller_only_where_no_cpu_is_idle(monkeypatch, cpus, busy, async_mode, pin,
+                                                                       follows):
+    from shmvec._engine import plan
+
+    monkeypatch.setattr(plan, "usable_cpus", lambda: cpus)
+    assert plan.workers_follow_caller(async_mode, pin, busy) is follows
 
 
 @pytest.mark.parametrize("cpus, num_workers, caller_steps", [(2, 1, True), (2, 2, False), (2, 3, False),
@@ -343,6 +366,10 @@ def test_explicit_workers_beyond_the_idle_cpus_are_warned_with_the_setting_that_
     assert plan.busy_cpus_note(64, 2, 2, False, True, busy_cpus=1) is None
     assert "num_workers=3 runs more processes than the CPUs left idle (the caller counts as one: it runs the " \
            "policy)" in plan.busy_cpus_note(64, 3, 3, False, True, busy_cpus=1)
+    # no CPU idle, lock-step: the workers run on the caller's CPU, and the note says so
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 2)
+    assert "num_workers=2 runs more processes than the CPUs left idle, so its workers run on the CPU the caller " \
+           "runs on" in plan.busy_cpus_note(64, 2, 2, False, False, busy_cpus=2, follows=True)
 
 
 def test_async_mode_refuses_action_spaces_without_fixed_shapes_when_made():

@@ -1,7 +1,8 @@
 """CPU reservations (shmvec/_engine/cpus.py): lock files in a directory private to
 this user. Whatever is planted at its path, or wherever opening a lock
 fails, vector envs still start (unpinned, with one RuntimeWarning) and no
-lock stays taken."""
+lock stays taken. And where workers run when other programs keep every CPU
+busy: on the caller's CPU, in lock-step."""
 
 from __future__ import annotations
 
@@ -251,3 +252,89 @@ def test_a_second_env_made_at_once_gets_the_workers_of_the_first(start_method, i
         finally:
             first.close()
     assert not [w for w in caught if "kept busy" in str(w.message)]
+
+
+# -- where workers run when no CPU is idle -------------------------------------------
+
+
+@pytest.fixture
+def every_cpu_busy(monkeypatch):
+    """The busy-CPU check finds every usable CPU kept busy by other
+    programs. Yields the CPUs this process may use; a test that moves the
+    caller (os.sched_setaffinity) gets them all back afterwards."""
+    from shmvec._engine import engine
+    from shmvec._engine.system import usable_cpus
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if usable_cpus() < 2:
+        pytest.skip("needs two usable CPUs")
+    monkeypatch.setattr(engine, "cpus_busy_elsewhere", lambda own_pids=(): usable_cpus())
+    yield allowed
+    os.sched_setaffinity(0, allowed)
+
+
+def _worker_cpus(envs) -> list[set[int]]:
+    return [os.sched_getaffinity(p.pid) for p in envs._engine.pool.processes]
+
+
+def _make_quietly(**kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", shmvec.PerformanceWarning)
+        return shmvec.ShmVecEnv([lambda: FaultEnv()] * 4, **{"start_method": "fork", **kwargs})
+
+
+def test_lock_step_workers_follow_the_caller_when_no_cpu_is_idle(every_cpu_busy, closing):
+    """Spread over busy CPUs, every handoff of a step waits for another
+    program's turn; on the caller's CPU the two take turns with each other.
+    So the default keeps one worker there, and moves it when the caller moves."""
+    allowed = every_cpu_busy
+    with pytest.warns(shmvec.PerformanceWarning, match=r"kept busy .* its workers run on the CPU the caller runs on"):
+        envs = shmvec.ShmVecEnv([lambda: FaultEnv()] * 4, start_method="fork")
+    closing(envs)
+    assert (envs.num_workers, envs._engine._caller is not None) == (1, True)
+    os.sched_setaffinity(0, allowed[:1])
+    envs.reset(seed=0)
+    assert _worker_cpus(envs) == [{allowed[0]}]
+    os.sched_setaffinity(0, allowed[-1:])
+    envs.step(np.zeros(4, dtype=np.int64))
+    assert _worker_cpus(envs) == [{allowed[-1]}]
+
+
+def test_explicit_workers_follow_the_caller_too_and_a_restarted_one_joins_them(every_cpu_busy, closing):
+    # (a fork server's child does not inherit the caller's CPU, as a fork child would)
+    allowed = every_cpu_busy
+    envs = _make_quietly(num_workers=2, caller_steps=False, restart_failed_workers=True, start_method="forkserver")
+    closing(envs)
+    os.sched_setaffinity(0, allowed[:1])
+    envs.reset(seed=0)
+    assert _worker_cpus(envs) == [{allowed[0]}] * 2
+    os.kill(envs._engine.pool.processes[1].pid, 9)
+    envs.step(np.zeros(4, dtype=np.int64))  # restarts it
+    assert envs._engine.restarts == 1
+    envs.step(np.zeros(4, dtype=np.int64))
+    assert _worker_cpus(envs) == [{allowed[0]}] * 2
+
+
+@pytest.mark.parametrize("options", [{"batch_size": 2}, {"pin_workers": False}, {"pin_workers": True}],
+                         ids=["async mode", "pin_workers=False", "pin_workers=True"])
+def test_workers_follow_the_caller_only_in_lock_step_with_pinning_left_to_shmvec(options, every_cpu_busy, closing):
+    """Async mode's processes do not wait for each other at every step: its
+    worker stays wherever the kernel puts it (and with no CPU idle it still
+    gets one). An explicit pin_workers is the user's: False leaves workers
+    to the kernel and True pins them to CPUs of their own, both of which
+    make handoffs wait for other programs' turns: the caller steps every env
+    itself, as it did before workers could follow it."""
+    envs = _make_quietly(**options)
+    closing(envs)
+    assert envs.num_workers == (1 if "batch_size" in options else 0)
+    before = _worker_cpus(envs)
+    if "batch_size" in options:
+        envs.async_reset(seed=0)
+        for _ in range(3):
+            envs.send(np.zeros(2, dtype=np.int64), envs.recv()[-1]["env_id"])
+        envs.recv()
+    else:
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, dtype=np.int64))
+    assert _worker_cpus(envs) == before
+    assert envs._engine._caller_cpu is None

@@ -6,8 +6,9 @@ The caller's own slice, when it has one, has rings too: ``recv()`` steps its
 envs one by one while too few have finished, where it would otherwise wait,
 and they come back in the same order as the workers' (on 2 CPUs the caller's
 CPU was idle while it waited for its one worker; see plan.plan_slices).
-Without workers (no CPU idle for one: see plan.default_num_workers) the
-caller's slice is every env, and recv() steps them all.
+Without workers (``num_workers=0``, or one CPU idle, which the caller
+takes: see plan.default_num_workers) the caller's slice is every env, and
+recv() steps them all.
 
 With restarts, a worker found dead (checked every CHECK_EVERY_S) or hung
 (envs in flight and none finished for `timeout`) is replaced while the

@@ -18,9 +18,10 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 
+from shmvec import _core
 from shmvec._engine.system import PARENT_ONLY_FDS, allowed_cpu_ids
 
-__all__ = ["choose_cpus"]
+__all__ = ["choose_cpus", "CallerCpu"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -148,3 +149,29 @@ def choose_cpus(count: int, pin: bool | str | Sequence[int], leave_free: int,
     while len(chosen) < count:  # pin=True with too few free CPUs: share
         chosen.append(shared[len(chosen) % len(shared)])
     return chosen, fds
+
+
+class CallerCpu:
+    """Keeps lock-step workers on the CPU the caller runs on, where other
+    programs keep every CPU busy (plan.workers_follow_caller says when and
+    why). The caller is left where the kernel puts it: before each command,
+    if it runs on another CPU than last time, its workers are moved there."""
+
+    def __init__(self, processes: list):
+        self._processes = processes  # the pool's list: a restarted worker's new process shows in it
+        self.cpu = -1  # where the workers were moved last; -1: not yet
+
+    def follow(self) -> None:
+        cpu = _core.current_cpu()  # no system call: one per command costs nothing
+        if cpu == self.cpu or cpu < 0:
+            return
+        for process in self._processes:
+            try:
+                os.sched_setaffinity(process.pid, (cpu,))
+            except OSError:  # it died: the wait for it says so
+                pass
+        self.cpu = cpu
+
+    def forget(self) -> None:
+        """A worker was restarted: move them all at the next command."""
+        self.cpu = -1

@@ -11,8 +11,8 @@ import numpy as np
 
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
-__all__ = ["START_METHODS", "check_options", "caller_cpus", "default_num_workers", "busy_cpus_note", "plan_slices",
-           "split_slices", "check_pin_workers", "check_observation_spaces"]
+__all__ = ["START_METHODS", "check_options", "caller_cpus", "default_num_workers", "workers_follow_caller",
+           "busy_cpus_note", "plan_slices", "split_slices", "check_pin_workers", "check_observation_spaces"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
 
@@ -23,25 +23,60 @@ def caller_cpus(caller_steps: bool, async_mode: bool) -> int:
     return 1 if caller_steps or async_mode else 0
 
 
-def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False, busy_cpus: int = 0) -> int:
+def workers_follow_caller(async_mode: bool, pin_workers: Any, busy_cpus: int) -> bool:
+    """Whether lock-step workers run on the CPU the caller runs on, moved
+    there whenever the caller moves (cpus.CallerCpu): where other programs
+    keep every usable CPU busy, and pinning is left to shmvec ("auto").
+
+    Spread over the CPUs, each of shmvec's processes shares one with another
+    program's thread, and every handoff of a step waits for that thread's
+    turn. On the caller's CPU they hand off without waiting for anyone else,
+    and as runnable threads of their own they still hold their share of the
+    CPUs. CartPole beside two CPU hogs on 2 CPUs (`shmvec bench --num-envs
+    64,256 --busy 2 --workers N --backends shmvec,sync --passes 3 --seconds
+    2`, two runs of each build, x SyncVectorEnv at 64 / 256 envs):
+    num_workers=1 1.55x / 1.60x and 0.91x / 1.53x spread (single passes down
+    to 0.8x), 1.43x / 1.48x and 1.44x / 1.50x on the caller's CPU (at 64
+    envs, of 26 passes there one ran 36k steps/s, unexplained, and the
+    others 132k-201k, where SyncVectorEnv ran 120k-146k);
+    num_workers=2 (the caller stepping none) 1.22x / 1.18x and 1.33x / 1.50x
+    spread, 1.44x / 1.54x and 1.46x / 1.47x on the caller's CPU. Async
+    mode's processes do not wait for each other at every step: there a
+    worker spread over the CPUs ran as fast as one on the caller's CPU
+    (202k-208k steps/s against 189k-204k, fresh processes)."""
+    return not async_mode and pin_workers == "auto" and usable_cpus() >= 2 and busy_cpus >= usable_cpus()
+
+
+def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False, busy_cpus: int = 0,
+                        follows: bool = False) -> int:
     """One stepping process per usable CPU that other programs leave idle
     (`busy_cpus`: those they keep busy, from system.cpus_busy_elsewhere),
     the caller counting as one: it steps a slice itself, or in async mode it
     runs the user's policy while the workers step (CartPole x64, a torch MLP,
     2 CPUs: one worker beside the caller made 95k steps/s, two 73k, medians of
-    4 fresh processes). With no CPU idle for a worker, none: the caller steps
-    every env itself (in async mode too), one process and no handoffs, as
-    SyncVectorEnv (CartPole x64 beside two CPU hogs on 2 CPUs, fresh
-    processes: 1.07-1.26x SyncVectorEnv without a worker, 0.64-1.35x with
-    one). `caller_steps` False: the caller may not step, so at least one
-    worker."""
-    slots = usable_cpus() - busy_cpus - caller_cpus(caller_steps, async_mode)
+    4 fresh processes). With one CPU idle, no worker: the caller steps every
+    env itself, one process and no handoffs, as SyncVectorEnv. With none
+    idle, one worker all the same, in async mode or where it runs on the
+    caller's CPU (`follows`, see workers_follow_caller): two runnable
+    processes hold two threads' share of the busy CPUs where the caller alone
+    holds one. CartPole beside two CPU hogs on 2 CPUs (`shmvec bench
+    --num-envs 64,256 --busy 2 --async-batch 32 --backends
+    shmvec,shmvec-async,sync --passes 3 --seconds 2`, two runs of each
+    build, x SyncVectorEnv at 64 / 256 envs): lock-step 1.15x / 1.19x and
+    1.12x / 1.16x without the worker, 1.29x / 1.20x and 1.44x / 1.19x with
+    it; async mode in batches of 32 1.05x / 1.07x and 1.09x / 1.01x without,
+    1.45x / 1.43x and 1.45x / 1.48x with it.
+    `caller_steps` False: the caller may not step, so at least one worker."""
+    idle = usable_cpus() - busy_cpus
+    if idle <= 0 and usable_cpus() >= 2 and (async_mode or follows):
+        return min(1, num_envs - 1) if caller_steps else 1
+    slots = idle - caller_cpus(caller_steps, async_mode)
     cap = num_envs - (1 if caller_steps else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
 
 
 def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, caller_steps: bool, async_mode: bool,
-                   busy_cpus: int) -> str | None:
+                   busy_cpus: int, follows: bool = False) -> str | None:
     """What to tell the user when CPUs kept busy by other programs decide
     how fast this env can run (None if they do not). Left to shmvec
     (`requested` None), the default ran fewer workers than an idle machine
@@ -50,12 +85,19 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
     processes wait for each other's turns at every step (CartPole x64 beside
     two CPU hogs on 2 CPUs, medians of 6 fresh processes: num_workers=1 ran
     at 0.72x SyncVectorEnv, 0.65-1.35 per process, the default 1.07x,
-    1.04-1.21; see docs/performance-history.md)."""
+    1.04-1.21; see docs/performance-history.md), unless they run on the
+    caller's CPU (`follows`, see workers_follow_caller), itself a choice
+    that lasts."""
     if not busy_cpus:
         return None
     found = f"shmvec found {busy_cpus} of this process's {usable_cpus()} CPUs kept busy by other programs"
+    on_callers_cpu = ("its workers run on the CPU the caller runs on, moved there whenever it moves, where they "
+                      "take turns with it instead of each waiting for another program's turn at every step")
     if requested is None:
         idle_default = default_num_workers(num_envs, caller_steps, async_mode)
+        if follows:
+            return (f"{found}, so {on_callers_cpu}. It looked once, when the env was made; pass "
+                    f"num_workers={idle_default}, pin_workers=True to give them CPUs of their own anyway.")
         if num_workers >= idle_default:
             return None
         return (f"{found}, so it runs {num_workers} worker processes instead of {idle_default} "
@@ -63,6 +105,9 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
                 f"It looked once, when the env was made; pass num_workers={idle_default} to run them anyway.")
     if num_workers + caller_cpus(caller_steps, async_mode) <= usable_cpus() - busy_cpus:
         return None
+    if follows:
+        return (f"{found}: num_workers={num_workers} runs more processes than the CPUs left idle, "
+                f"so {on_callers_cpu}. It looked once, when the env was made.")
     chosen, _ = plan_slices(num_envs, None, None, async_mode, busy_cpus)
     caller = (" (the caller counts as one: it runs the policy)" if async_mode
               else " (the caller counts as one: it steps a slice)" if caller_steps else "")
@@ -76,7 +121,7 @@ def _stepping(num_workers: int) -> str:
 
 
 def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None,
-                async_mode: bool, busy_cpus: int = 0) -> tuple[int, bool]:
+                async_mode: bool, busy_cpus: int = 0, follows: bool = False) -> tuple[int, bool]:
     """(num_workers, caller_steps) for `num_envs` envs.
 
     Left to shmvec (``None``): one stepping process per idle CPU, the caller
@@ -87,7 +132,8 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
     on 2 CPUs: the caller waited 55% of each batch for its one worker).
     With an explicit `num_workers`, every worker gets at least one env, and
     the caller steps a slice of its own only if envs and a usable CPU are
-    left after that (unless told otherwise)."""
+    left after that (unless told otherwise). `follows`: lock-step workers
+    will run on the caller's CPU (workers_follow_caller)."""
     if num_workers is not None and num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} is more than the {num_envs} envs: "
                          "each worker needs at least one env")
@@ -104,7 +150,7 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
         # 1.09x; medians of 6 fresh processes).
         caller_steps = num_workers is None or num_workers < min(num_envs, usable_cpus())
     if num_workers is None:
-        num_workers = default_num_workers(num_envs, caller_steps, async_mode, busy_cpus)
+        num_workers = default_num_workers(num_envs, caller_steps, async_mode, busy_cpus, follows)
     if caller_steps and num_workers >= num_envs:
         raise ValueError(f"caller_steps=True needs an env for the caller besides one per worker: "
                          f"{num_envs} envs for num_workers={num_workers}")

@@ -6,7 +6,7 @@ barriers for threads that the scheduler has parked behind a worker, and a
 small policy's forward pass slows down by up to 30x (measured with a 64-64
 MLP on 2 CPUs; `OMP_WAIT_POLICY=PASSIVE` or one thread removes it). So while
 a vector env is open, shmvec lowers torch's threads to the CPUs its workers
-leave free, says so once, and restores them when the last env closes.
+and other programs' busy threads leave free, says so once, and restores them when the last env closes.
 
 Only a torch already imported is touched: shmvec never imports it. One
 imported after the env was made (a script that builds its policy between
@@ -51,14 +51,17 @@ def _warn_once(message: str) -> None:
 class TorchThreads:
     """Holds torch's intra-op threads at a number while one env is open.
 
-    ``"auto"``: the CPUs left beside `worker_processes` (at least one), if
-    torch runs more. An int: exactly that many. None: leave torch alone,
+    ``"auto"``: the CPUs left beside `worker_processes` and the `busy_cpus`
+    that other programs keep busy (at least one), if torch runs more
+    (beside two CPU hogs on 2 CPUs, SyncVectorEnv over 64 CartPoles with a
+    64-64 MLP at torch's 2 threads ran 1.6k steps/s in most passes). An int: exactly that many. None: leave torch alone,
     but warn once if its threads compete with the workers."""
 
-    def __init__(self, setting, worker_processes: int):
+    def __init__(self, setting, worker_processes: int, busy_cpus: int = 0):
         check_setting(setting)
         self._setting = setting
         self._worker_processes = worker_processes
+        self._busy_cpus = busy_cpus
         self._holding = False
         self._seen_torch = False
         self.look()
@@ -72,12 +75,15 @@ class TorchThreads:
         self._seen_torch = True
         setting, worker_processes = self._setting, self._worker_processes
         threads, cpus = torch.get_num_threads(), usable_cpus()
-        free = max(1, cpus - worker_processes)
+        free = max(1, cpus - worker_processes - self._busy_cpus)
+        takers = " and ".join(([f"shmvec's {worker_processes} worker processes"] if worker_processes else [])
+                              + ([f"other programs' threads (keeping {self._busy_cpus} CPUs busy)"]
+                                 if self._busy_cpus else []))
         if setting is None:
             if threads > free:
-                _warn_once(f"torch runs {threads} intra-op threads in this process, and shmvec's "
-                           f"{worker_processes} worker processes take {cpus - free} of the {cpus} CPUs: "
-                           f"they compete for the cores. Call torch.set_num_threads({free}) while stepping, "
+                _warn_once(f"torch runs {threads} intra-op threads in this process, and {takers} leave "
+                           f"it {free} of the {cpus} CPUs: they compete for the cores. Call "
+                           f"torch.set_num_threads({free}) while stepping, "
                            'or leave torch_threads="auto" (the default) to let shmvec do it.')
             return
         target = free if setting == "auto" else setting
@@ -89,8 +95,8 @@ class TorchThreads:
             _Lowered.set_to = target
             torch.set_num_threads(target)
             _warn_once(f"shmvec set torch.set_num_threads({target}) (it was {threads}) while this vector env "
-                       f"is open: its {worker_processes} worker processes step envs on the other CPUs, and "
-                       "torch's threads would wait on cores the workers hold. close() restores it; pass "
+                       f"is open: {takers} leave it {free} of the {cpus} CPUs, and torch's threads "
+                       "would wait on cores they hold. close() restores it; pass "
                        "torch_threads=None to keep torch's setting.")
         _Lowered.holders += 1
         self._holding = True
