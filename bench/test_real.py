@@ -29,14 +29,16 @@ ASYNC_8 = ("shmvec-async", "shmvec-async", {"batch_size": 8})
 TWO_WORKERS = ("shmvec-2workers", "shmvec", {"num_workers": 2, "caller_steps": False})
 # The quiet 2-CPU machine's default, asked for explicitly: kept beside the hogs.
 ONE_WORKER = ("shmvec-1worker", "shmvec", {"num_workers": 1})
+UNPINNED = ("shmvec-unpinned", "shmvec", {"pin_workers": False})
+BUSY = [SHMVEC, ASYNC_32, UNPINNED, ONE_WORKER, TWO_WORKERS, SYNC]  # every configuration beside the hogs
 
 # case -> (env spec, Atari pipeline, envs, policy, hogs, [(who, peer, ShmVecEnv options)])
 CASES = {
     "pong-16": ("ALE/Pong-v5", True, 16, None, 0, [SHMVEC, SYNC, ALE, ENVPOOL]),
     "halfcheetah-16": ("HalfCheetah-v5", False, 16, None, 0, [SHMVEC, ASYNC_8, SYNC, ENVPOOL]),
     "policy-64": ("CartPole-v1", False, 64, "mlp", 0, [SHMVEC, ASYNC_32, SYNC]),
-    "busy-64": ("CartPole-v1", False, 64, None, 2, [SHMVEC, ONE_WORKER, TWO_WORKERS, SYNC]),
-    "busy-256": ("CartPole-v1", False, 256, None, 2, [SHMVEC, ONE_WORKER, TWO_WORKERS, SYNC]),
+    "busy-64": ("CartPole-v1", False, 64, None, 2, BUSY),
+    "busy-256": ("CartPole-v1", False, 256, None, 2, BUSY),
 }
 RUNS = [(case, who) for case, (*_, configs) in CASES.items() for who, _, _ in configs]
 
