@@ -7,6 +7,7 @@ busy: on the caller's CPU, in lock-step."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import tempfile
 import warnings
@@ -308,7 +309,7 @@ def test_explicit_workers_follow_the_caller_too_and_a_restarted_one_joins_them(e
     os.sched_setaffinity(0, allowed[:1])
     envs.reset(seed=0)
     assert _worker_cpus(envs) == [{allowed[0]}] * 2
-    os.kill(envs._engine.pool.processes[1].pid, 9)
+    os.kill(envs._engine.pool.processes[1].pid, signal.SIGKILL)
     envs.step(np.zeros(4, dtype=np.int64))  # restarts it
     assert envs._engine.restarts == 1
     envs.step(np.zeros(4, dtype=np.int64))

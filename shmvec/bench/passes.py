@@ -38,11 +38,13 @@ def in_atari_pipeline(args: argparse.Namespace, spec: str) -> bool:
 
 
 def _layout(envs) -> dict:
-    """What a ShmVecEnv made of its options: its number of workers, and
-    whether they were pinned (``pin_workers="auto"`` pins only when every
-    worker gets a CPU of its own)."""
-    cpus = envs._engine.pool.cpus  # a shmvec ShmVecEnv: only peers that take shmvec's options get here
-    return {"workers": envs.num_workers, "pinned": any(cpu is not None for cpu in cpus)}
+    """What a ShmVecEnv made of its options: its number of workers, whether
+    they were pinned (``pin_workers="auto"`` pins only when every worker gets
+    a CPU of its own), and whether they run on the caller's CPU instead (in
+    lock-step where other programs keep every CPU busy)."""
+    engine = envs._engine  # a shmvec ShmVecEnv: only peers that take shmvec's options get here
+    return {"workers": envs.num_workers, "pinned": any(cpu is not None for cpu in engine.pool.cpus),
+            "on_callers_cpu": engine._caller_cpu is not None}
 
 
 def _performance_warnings(caught: list) -> list[str]:

@@ -129,7 +129,7 @@ def write_json(path: str, about: dict, args: argparse.Namespace, specs: list[str
     report = {
         **about,
         # As passed to ShmVecEnv (workers: null is its default); each shmvec
-        # result says what they came to (its workers, and whether pinned).
+        # result says what they came to (its workers, whether pinned, whether on the caller's CPU).
         "settings": {"envs": specs, "num_envs": args.num_envs, "backends": args.backends,
                      "workers": options["num_workers"], "pin_workers": options["pin_workers"],
                      "seconds": args.seconds, "passes": args.passes, "atari": args.atari,
