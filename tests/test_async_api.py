@@ -254,20 +254,24 @@ def test_default_workers_leave_out_the_cpus_other_programs_keep_busy(monkeypatch
     # CPU instead, the caller counting as one, so none when one CPU is idle
     # (the caller steps every env). With none idle, one worker all the same
     # where its handoffs need not wait for other programs' turns: in async
-    # mode, and in lock-step on the caller's CPU (`follows`).
+    # mode, and in lock-step on the caller's CPU (`follows`), if the busy
+    # threads share our scheduling group. (One env: none for a worker.)
     from shmvec._engine import plan
 
     monkeypatch.setattr(plan, "usable_cpus", lambda: 16)
     idle_for_workers = max(0, 15 - busy)
     all_busy = busy == 16
     assert plan.plan_slices(64, None, None, async_mode=False, busy_cpus=busy) == (idle_for_workers, True)
-    assert plan.plan_slices(64, None, None, async_mode=False, busy_cpus=busy, follows=True) == (
+    assert plan.plan_slices(64, None, None, async_mode=False, busy_cpus=busy, follows=True,
+                            shares_with_busy=True) == (1 if all_busy else idle_for_workers, True)
+    assert plan.plan_slices(64, None, None, async_mode=True, busy_cpus=busy, shares_with_busy=True) == (
         1 if all_busy else idle_for_workers, True)
-    assert plan.plan_slices(64, None, None, async_mode=True, busy_cpus=busy) == (
-        1 if all_busy else idle_for_workers, True)
+    # beside threads of another scheduling group (a job in its own session), a worker more gets no share
+    assert plan.plan_slices(64, None, None, async_mode=False, busy_cpus=busy, follows=True) == (idle_for_workers, True)
+    assert plan.plan_slices(64, None, None, async_mode=True, busy_cpus=busy) == (idle_for_workers, True)
     assert plan.plan_slices(64, None, False, async_mode=True, busy_cpus=busy) == (max(1, idle_for_workers), False)
     assert plan.plan_slices(64, 4, None, async_mode=False, busy_cpus=busy) == (4, True)  # an explicit count stands
-    assert plan.plan_slices(1, None, None, async_mode=True, busy_cpus=busy) == (0, True)  # no env for a worker
+    assert plan.plan_slices(1, None, None, async_mode=True, busy_cpus=busy, shares_with_busy=True) == (0, True)
 
 
 @pytest.mark.parametrize("cpus, busy, async_mode, pin, follows", [

@@ -10,6 +10,7 @@ import os
 import signal
 import stat
 import tempfile
+import time
 import warnings
 
 import numpy as np
@@ -205,6 +206,31 @@ def test_cpus_kept_busy_by_other_programs_are_counted():
             hog.join()
 
 
+_HOG = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    pass\n"
+
+
+@pytest.mark.parametrize("own_session", [False, True], ids=["our session", "a session of its own"])
+def test_busy_threads_share_our_group_unless_the_kernel_groups_them_by_session(own_session, idle_machine):
+    """Beside threads of our scheduling group each more process of ours
+    gets a share of its own; beside a job in another session, where the
+    kernel groups processes by session (autogroup), ours share one."""
+    import subprocess
+    import sys
+
+    from shmvec._engine.system import busy_threads_share_our_group
+
+    with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+        by_session = f.read().strip() == "1"
+    hogs = [subprocess.Popen([sys.executable, "-c", _HOG], start_new_session=own_session) for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        assert busy_threads_share_our_group() is (not (own_session and by_session))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def _spin_on(cpu: int, spinning) -> None:
     os.sched_setaffinity(0, {cpu})
     spinning.set()
@@ -261,7 +287,7 @@ def test_a_second_env_made_at_once_gets_the_workers_of_the_first(start_method, i
 @pytest.fixture
 def every_cpu_busy(monkeypatch):
     """The busy-CPU check finds every usable CPU kept busy by other
-    programs. Yields the CPUs this process may use; a test that moves the
+    programs' threads, in this process's scheduling group. Yields the CPUs this process may use; a test that moves the
     caller (os.sched_setaffinity) gets them all back afterwards."""
     from shmvec._engine import engine
     from shmvec._engine.system import usable_cpus
@@ -270,6 +296,7 @@ def every_cpu_busy(monkeypatch):
     if usable_cpus() < 2:
         pytest.skip("needs two usable CPUs")
     monkeypatch.setattr(engine, "cpus_busy_elsewhere", lambda own_pids=(): usable_cpus())
+    monkeypatch.setattr(engine, "busy_threads_share_our_group", lambda own_pids=(): True)
     yield allowed
     os.sched_setaffinity(0, allowed)
 
@@ -339,3 +366,21 @@ def test_workers_follow_the_caller_only_in_lock_step_with_pinning_left_to_shmvec
         envs.step(np.zeros(4, dtype=np.int64))
     assert _worker_cpus(envs) == before
     assert envs._engine._caller_cpu is None
+
+
+def test_beside_busy_threads_of_other_sessions_the_caller_steps_alone_by_default(every_cpu_busy, monkeypatch,
+                                                                                   closing):
+    """Where the kernel groups processes by session, shmvec's processes
+    together get one session's share beside a job started elsewhere: a
+    worker more only adds handoffs, so the default starts none (lock-step
+    and async mode). An explicit worker still runs on the caller's CPU."""
+    from shmvec._engine import engine
+
+    monkeypatch.setattr(engine, "busy_threads_share_our_group", lambda own_pids=(): False)
+    assert _make_quietly().num_workers == 0
+    assert _make_quietly(batch_size=2).num_workers == 0
+    envs = _make_quietly(num_workers=1)
+    closing(envs)
+    os.sched_setaffinity(0, every_cpu_busy[:1])
+    envs.reset(seed=0)
+    assert _worker_cpus(envs) == [{every_cpu_busy[0]}]

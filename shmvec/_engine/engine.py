@@ -31,7 +31,7 @@ from shmvec._engine.layout import DataLayout
 from shmvec._engine.plan import (busy_cpus_note, caller_cpus, check_observation_spaces, check_options, plan_slices,
                                  split_slices, workers_follow_caller)
 from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool, live_worker_pids
-from shmvec._engine.system import IS_LINUX, cpus_busy_elsewhere
+from shmvec._engine.system import IS_LINUX, busy_threads_share_our_group, cpus_busy_elsewhere, usable_cpus
 from shmvec._engine.torch_threads import TorchThreads
 from shmvec._engine.torch_threads import check_setting as check_torch_threads
 from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY, Transport
@@ -78,12 +78,15 @@ class Engine(CommandRunner):
         self.owner_pid = os.getpid()  # its workers serve this process only
         # Looked at once (it may take 80 ms on a busy machine), for the worker count, pinning and the note.
         busy_cpus = cpus_busy_elsewhere(own_pids=live_worker_pids()) if num_workers != 0 else 0
+        # With no CPU idle: whether a worker more gets a share of the CPUs of its own (15 ms more).
+        shares = busy_cpus >= usable_cpus() and busy_threads_share_our_group(own_pids=live_worker_pids())
         requested = num_workers
         follows = workers_follow_caller(async_mode, pin_workers, busy_cpus)
         num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode, busy_cpus,
-                                                follows)
+                                                follows, shares)
         follows = follows and num_workers > 0
-        note = busy_cpus_note(self.num_envs, requested, num_workers, caller_steps, async_mode, busy_cpus, follows)
+        note = busy_cpus_note(self.num_envs, requested, num_workers, caller_steps, async_mode, busy_cpus, follows,
+                              shares)
         if note:
             warn_performance(note)
         self.num_workers = num_workers

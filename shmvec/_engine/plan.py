@@ -48,7 +48,7 @@ def workers_follow_caller(async_mode: bool, pin_workers: Any, busy_cpus: int) ->
 
 
 def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False, busy_cpus: int = 0,
-                        follows: bool = False) -> int:
+                        follows: bool = False, shares_with_busy: bool = False) -> int:
     """One stepping process per usable CPU that other programs leave idle
     (`busy_cpus`: those they keep busy, from system.cpus_busy_elsewhere),
     the caller counting as one: it steps a slice itself, or in async mode it
@@ -57,9 +57,17 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     4 fresh processes). With one CPU idle, no worker: the caller steps every
     env itself, one process and no handoffs, as SyncVectorEnv. With none
     idle, one worker all the same, in async mode or where it runs on the
-    caller's CPU (`follows`, see workers_follow_caller): two runnable
-    processes hold two threads' share of the busy CPUs where the caller alone
-    holds one. CartPole beside two CPU hogs on 2 CPUs (`shmvec bench
+    caller's CPU (`follows`, see workers_follow_caller), if the busy CPUs'
+    threads share this process's scheduling group (`shares_with_busy`, see
+    system.busy_threads_share_our_group): two runnable processes then hold
+    two threads' share of the busy CPUs where the caller alone holds one.
+    (Beside threads of other sessions, where the kernel groups by session,
+    shmvec's processes together hold one session's share: CartPole x64
+    beside two hogs in sessions of their own, `shmvec bench --num-envs 64,256
+    --busy 2 --busy-apart --async-batch 32 --backends shmvec,shmvec-async,sync
+    --passes 3 --seconds 2`: lock-step 1.17x / 1.08x SyncVectorEnv without a
+    worker, 0.69x / 1.15x with one; async mode 1.17x / 1.02x and 0.90x /
+    0.91x.) CartPole beside two CPU hogs on 2 CPUs (`shmvec bench
     --num-envs 64,256 --busy 2 --async-batch 32 --backends
     shmvec,shmvec-async,sync --passes 3 --seconds 2`, two runs of each
     build, x SyncVectorEnv at 64 / 256 envs): lock-step 1.15x / 1.19x and
@@ -68,7 +76,7 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     1.45x / 1.43x and 1.45x / 1.48x with it.
     `caller_steps` False: the caller may not step, so at least one worker."""
     idle = usable_cpus() - busy_cpus
-    if idle <= 0 and usable_cpus() >= 2 and (async_mode or follows):
+    if idle <= 0 and usable_cpus() >= 2 and shares_with_busy and (async_mode or follows):
         return min(1, num_envs - 1) if caller_steps else 1
     slots = idle - caller_cpus(caller_steps, async_mode)
     cap = num_envs - (1 if caller_steps else 0)
@@ -76,7 +84,7 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
 
 
 def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, caller_steps: bool, async_mode: bool,
-                   busy_cpus: int, follows: bool = False) -> str | None:
+                   busy_cpus: int, follows: bool = False, shares_with_busy: bool = False) -> str | None:
     """What to tell the user when CPUs kept busy by other programs decide
     how fast this env can run (None if they do not). Left to shmvec
     (`requested` None), the default ran fewer workers than an idle machine
@@ -108,7 +116,7 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
     if follows:
         return (f"{found}: num_workers={num_workers} runs more processes than the CPUs left idle, "
                 f"so {on_callers_cpu}. It looked once, when the env was made.")
-    chosen, _ = plan_slices(num_envs, None, None, async_mode, busy_cpus)
+    chosen, _ = plan_slices(num_envs, None, None, async_mode, busy_cpus, follows, shares_with_busy)
     caller = (" (the caller counts as one: it runs the policy)" if async_mode
               else " (the caller counts as one: it steps a slice)" if caller_steps else "")
     return (f"{found}: num_workers={num_workers} runs more processes than the CPUs left idle{caller}, "
@@ -120,8 +128,8 @@ def _stepping(num_workers: int) -> str:
     return "the caller steps every env itself" if num_workers == 0 else "the caller steps a slice beside them"
 
 
-def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None,
-                async_mode: bool, busy_cpus: int = 0, follows: bool = False) -> tuple[int, bool]:
+def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None, async_mode: bool,
+                busy_cpus: int = 0, follows: bool = False, shares_with_busy: bool = False) -> tuple[int, bool]:
     """(num_workers, caller_steps) for `num_envs` envs.
 
     Left to shmvec (``None``): one stepping process per idle CPU, the caller
@@ -133,13 +141,15 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
     With an explicit `num_workers`, every worker gets at least one env, and
     the caller steps a slice of its own only if envs and a usable CPU are
     left after that (unless told otherwise). `follows`: lock-step workers
-    will run on the caller's CPU (workers_follow_caller)."""
+    will run on the caller's CPU (workers_follow_caller); `shares_with_busy`:
+    the busy CPUs' threads share this process's scheduling group."""
     if num_workers is not None and num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} is more than the {num_envs} envs: "
                          "each worker needs at least one env")
     if async_mode:
         if num_workers is None:
-            num_workers = default_num_workers(num_envs, caller_steps is not False, async_mode, busy_cpus)
+            num_workers = default_num_workers(num_envs, caller_steps is not False, async_mode, busy_cpus,
+                                              shares_with_busy=shares_with_busy)
         if caller_steps is None:  # as in lock-step: with an env and a usable CPU left for it
             caller_steps = num_workers < min(num_envs, usable_cpus())
     elif caller_steps is None:
@@ -150,7 +160,7 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
         # 1.09x; medians of 6 fresh processes).
         caller_steps = num_workers is None or num_workers < min(num_envs, usable_cpus())
     if num_workers is None:
-        num_workers = default_num_workers(num_envs, caller_steps, async_mode, busy_cpus, follows)
+        num_workers = default_num_workers(num_envs, caller_steps, async_mode, busy_cpus, follows, shares_with_busy)
     if caller_steps and num_workers >= num_envs:
         raise ValueError(f"caller_steps=True needs an env for the caller besides one per worker: "
                          f"{num_envs} envs for num_workers={num_workers}")
