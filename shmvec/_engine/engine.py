@@ -28,10 +28,10 @@ from shmvec._engine.cycle import BROKEN, CLOSED, CommandCycle
 from shmvec._engine.env_slice import EnvSlice, make_envs
 from shmvec._engine.info_columns import InfoColumns
 from shmvec._engine.layout import DataLayout
-from shmvec._engine.plan import (busy_cpus_note, caller_cpus, check_observation_spaces, check_options, plan_slices,
-                                 split_slices, workers_follow_caller)
+from shmvec._engine.plan import (busy_cpus_note, caller_cpus, check_observation_spaces, check_options, no_cpu_idle,
+                                 plan_slices, split_slices, workers_follow_caller)
 from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool, live_worker_pids
-from shmvec._engine.system import IS_LINUX, busy_threads_share_our_group, cpus_busy_elsewhere, usable_cpus
+from shmvec._engine.system import IS_LINUX, busy_threads_share_our_group, cpus_busy_elsewhere
 from shmvec._engine.torch_threads import TorchThreads
 from shmvec._engine.torch_threads import check_setting as check_torch_threads
 from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY, Transport
@@ -79,7 +79,7 @@ class Engine(CommandRunner):
         # Looked at once (it may take 80 ms on a busy machine), for the worker count, pinning and the note.
         busy_cpus = cpus_busy_elsewhere(own_pids=live_worker_pids()) if num_workers != 0 else 0
         # With no CPU idle: whether a worker more gets a share of the CPUs of its own (15 ms more).
-        shares = busy_cpus >= usable_cpus() and busy_threads_share_our_group(own_pids=live_worker_pids())
+        shares = no_cpu_idle(busy_cpus) and busy_threads_share_our_group(own_pids=live_worker_pids())
         requested = num_workers
         follows = workers_follow_caller(async_mode, pin_workers, busy_cpus)
         num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode, busy_cpus,

@@ -11,8 +11,8 @@ import numpy as np
 
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
-__all__ = ["START_METHODS", "check_options", "caller_cpus", "default_num_workers", "workers_follow_caller",
-           "busy_cpus_note", "plan_slices", "split_slices", "check_pin_workers", "check_observation_spaces"]
+__all__ = ["START_METHODS", "check_options", "caller_cpus", "default_num_workers", "no_cpu_idle",
+           "workers_follow_caller", "busy_cpus_note", "plan_slices", "split_slices", "check_pin_workers", "check_observation_spaces"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
 
@@ -21,6 +21,12 @@ def caller_cpus(caller_steps: bool, async_mode: bool) -> int:
     """The CPUs the caller itself keeps busy: one where it steps a slice or,
     in async mode, runs the user's policy while the workers step."""
     return 1 if caller_steps or async_mode else 0
+
+
+def no_cpu_idle(busy_cpus: int) -> bool:
+    """Other programs keep every usable CPU busy (and there are two or more:
+    on one CPU there is nowhere else to run)."""
+    return usable_cpus() >= 2 and busy_cpus >= usable_cpus()
 
 
 def workers_follow_caller(async_mode: bool, pin_workers: Any, busy_cpus: int) -> bool:
@@ -44,7 +50,7 @@ def workers_follow_caller(async_mode: bool, pin_workers: Any, busy_cpus: int) ->
     mode's processes do not wait for each other at every step: there a
     worker spread over the CPUs ran as fast as one on the caller's CPU
     (202k-208k steps/s against 189k-204k, fresh processes)."""
-    return not async_mode and pin_workers == "auto" and usable_cpus() >= 2 and busy_cpus >= usable_cpus()
+    return not async_mode and pin_workers == "auto" and no_cpu_idle(busy_cpus)
 
 
 def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False, busy_cpus: int = 0,
@@ -75,10 +81,9 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     it; async mode in batches of 32 1.05x / 1.07x and 1.09x / 1.01x without,
     1.45x / 1.43x and 1.45x / 1.48x with it.
     `caller_steps` False: the caller may not step, so at least one worker."""
-    idle = usable_cpus() - busy_cpus
-    if idle <= 0 and usable_cpus() >= 2 and shares_with_busy and (async_mode or follows):
+    if no_cpu_idle(busy_cpus) and shares_with_busy and (async_mode or follows):
         return min(1, num_envs - 1) if caller_steps else 1
-    slots = idle - caller_cpus(caller_steps, async_mode)
+    slots = usable_cpus() - busy_cpus - caller_cpus(caller_steps, async_mode)
     cap = num_envs - (1 if caller_steps else 0)
     return max(0, min(slots, cap)) if caller_steps else max(1, min(slots, cap))
 

@@ -202,10 +202,16 @@ def busy_threads_share_our_group(own_pids: Collection[int] = (), samples: int = 
 
 def _thread_running(pid: str, tid: str) -> bool:
     try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"R"  # the name may hold spaces and ")"
+        return _stat_fields(f"/proc/{pid}/task/{tid}/stat")[0] == b"R"
     except OSError:
         return False
+
+
+def _stat_fields(path: str) -> list[bytes]:
+    """The fields of a /proc stat file after the name, from the state on
+    (the name may hold spaces and ")")."""
+    with open(path, "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
 
 
 def _busy_share(before: tuple[int, int], after: tuple[int, int], own_ticks: int = 0) -> float:
@@ -224,8 +230,7 @@ def _thread_ticks(pids: Collection[int]) -> dict[int, tuple[int, int]]:
             continue
         for tid in tids:
             try:
-                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()  # the name may hold spaces and ")"
+                fields = _stat_fields(f"/proc/{pid}/task/{tid}/stat")
             except OSError:
                 continue
             ticks[int(tid)] = (int(fields[11]) + int(fields[12]), int(fields[36]))  # utime, stime; processor

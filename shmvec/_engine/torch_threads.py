@@ -6,7 +6,8 @@ barriers for threads that the scheduler has parked behind a worker, and a
 small policy's forward pass slows down by up to 30x (measured with a 64-64
 MLP on 2 CPUs; `OMP_WAIT_POLICY=PASSIVE` or one thread removes it). So while
 a vector env is open, shmvec lowers torch's threads to the CPUs its workers
-and other programs' busy threads leave free, says so once, and restores them when the last env closes.
+and other programs' busy threads leave free, says so once, and restores them
+when the last env closes.
 
 Only a torch already imported is touched: shmvec never imports it. One
 imported after the env was made (a script that builds its policy between
@@ -52,10 +53,11 @@ class TorchThreads:
     """Holds torch's intra-op threads at a number while one env is open.
 
     ``"auto"``: the CPUs left beside `worker_processes` and the `busy_cpus`
-    that other programs keep busy (at least one), if torch runs more
-    (beside two CPU hogs on 2 CPUs, SyncVectorEnv over 64 CartPoles with a
-    64-64 MLP at torch's 2 threads ran 1.6k steps/s in most passes). An int: exactly that many. None: leave torch alone,
-    but warn once if its threads compete with the workers."""
+    that other programs keep busy (at least one), if torch runs more (beside
+    two CPU hogs on 2 CPUs, SyncVectorEnv over 64 CartPoles with a 64-64 MLP
+    at torch's 2 threads ran 1.6k steps/s in most passes). An int: exactly
+    that many. None: leave torch alone, but warn once if its threads compete
+    with the workers."""
 
     def __init__(self, setting, worker_processes: int, busy_cpus: int = 0):
         check_setting(setting)
@@ -76,9 +78,12 @@ class TorchThreads:
         setting, worker_processes = self._setting, self._worker_processes
         threads, cpus = torch.get_num_threads(), usable_cpus()
         free = max(1, cpus - worker_processes - self._busy_cpus)
-        takers = " and ".join(([f"shmvec's {worker_processes} worker processes"] if worker_processes else [])
-                              + ([f"other programs' threads (keeping {self._busy_cpus} CPUs busy)"]
-                                 if self._busy_cpus else []))
+        parts = []  # who leaves torch `free` CPUs
+        if worker_processes:
+            parts.append(f"shmvec's {worker_processes} worker processes")
+        if self._busy_cpus:
+            parts.append(f"other programs' threads (keeping {self._busy_cpus} CPUs busy)")
+        takers = " and ".join(parts)
         if setting is None:
             if threads > free:
                 _warn_once(f"torch runs {threads} intra-op threads in this process, and {takers} leave "
