@@ -25,6 +25,8 @@ GOALS = [
     # beside two CPU hogs: every configuration
     *[(case, who, "sync", 1.0) for case in ("busy-64", "busy-256")
       for who in ("shmvec", "shmvec-async", "shmvec-unpinned", "shmvec-1worker", "shmvec-2workers")],
+    # ... and hogs that start while the envs step
+    *[(case, who, "sync", 1.0) for case in ("busy-late-64", "busy-late-256") for who in ("shmvec", "shmvec-async")],
     ("cartpole-64", "shmvec", "limit", 0.85),
     ("cartpole-64", "shmvec", "sync", 1.7),
     ("cartpole-64", "shmvec", "async", 15),

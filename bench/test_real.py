@@ -3,7 +3,8 @@ Pong in Gymnasium's Atari pipeline and HalfCheetah-v5 (16 envs, with ale-py's
 and EnvPool's native vector envs when installed; HalfCheetah in async mode too,
 8 a batch: infos every step), CartPole with a torch MLP
 policy in the loop (64 envs), and CartPole on a machine kept busy by two
-CPU hogs (64 and 256 envs).
+CPU hogs (64 and 256 envs): hogs already running when the vector env is
+made, or ("busy-late") started once it has been made and warmed up.
 
 Each configuration steps in a fresh process, the same code as `shmvec bench`
 (`shmvec.bench.measure_once`), for --benchmark-max-time seconds (default 1).
@@ -39,7 +40,10 @@ CASES = {
     "policy-64": ("CartPole-v1", False, 64, "mlp", 0, [SHMVEC, ASYNC_32, SYNC]),
     "busy-64": ("CartPole-v1", False, 64, None, 2, BUSY),
     "busy-256": ("CartPole-v1", False, 256, None, 2, BUSY),
+    "busy-late-64": ("CartPole-v1", False, 64, None, 2, [SHMVEC, ASYNC_32, SYNC]),
+    "busy-late-256": ("CartPole-v1", False, 256, None, 2, [SHMVEC, ASYNC_32, SYNC]),
 }
+LATE = {"busy-late-64", "busy-late-256"}  # the hogs start after the warm-up (the limit's from the start)
 RUNS = [(case, who) for case, (*_, configs) in CASES.items() for who, _, _ in configs]
 
 
@@ -67,8 +71,10 @@ def test_real(benchmark, seconds, case, who):
         pytest.skip(reason)
 
     def run():
-        with Hogs(hogs):
-            return isolated(measure_once, peer, spec, num_envs, seconds, options, atari, policy)
+        late = case in LATE
+        with Hogs(0 if late else hogs):
+            return isolated(measure_once, peer, spec, num_envs, seconds, options, atari, policy, "cpu",
+                            (hogs if late else 0, False))
 
     benchmark.group = case
     result = benchmark.pedantic(run, rounds=1, iterations=1)

@@ -303,6 +303,44 @@ def test_busy_runs_hogs_and_leaves_none_behind(tmp_path, monkeypatch):
     assert (settings["busy"], settings["busy_apart"]) == (1, False)
 
 
+def test_busy_late_starts_the_hogs_after_the_warmup_and_leaves_none_behind(tmp_path, monkeypatch):
+    """--busy-late: other programs that start while the envs step. The
+    hogs start in the measuring process, once its vector env has been made
+    and warmed up; the limit's run from the start."""
+    from shmvec.bench import passes
+
+    at_warmup_end, at_fresh_call = [], []
+    real_rate, real_call, real_limit = passes.vector_rate, measure.FreshProcess.call, passes.concurrent_limit
+
+    def rate(envs, num_envs, seconds, policy=None, after_warmup=lambda: None):
+        def then():
+            at_warmup_end.append(len(_hogs()))
+            after_warmup()
+            at_warmup_end.append(len(_hogs()))
+        return real_rate(envs, num_envs, seconds, policy, then)
+
+    def call(self, fn, *args):
+        at_fresh_call.append((fn.__name__, len(_hogs())))
+        return real_call(self, fn, *args)
+
+    def limit(*args):
+        at_fresh_call.append(("concurrent_limit", len(_hogs())))
+        return real_limit(*args)
+
+    monkeypatch.setattr(passes, "vector_rate", rate)
+    result = passes.measure_once("shmvec", "shmvec.testing:NoopEnv", 2, 0.05, busy_late=(2, False))
+    assert at_warmup_end == [0, 2] and not _hogs()
+    assert result["on_callers_cpu"] in (True, False)
+    monkeypatch.setattr(measure.FreshProcess, "call", call)
+    monkeypatch.setattr(passes, "concurrent_limit", limit)
+    out = tmp_path / "out.json"
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "2", "--backends", "shmvec", "--busy", "1",
+                 "--busy-late", "--json", str(out), *FAST) == 0
+    assert at_fresh_call == [("concurrent_limit", 1), ("measure_once", 0)]
+    assert not _hogs()
+    assert json.loads(out.read_text())["settings"]["busy_late"] is True
+
+
 @pytest.mark.parametrize("own_sessions", [False, True])
 def test_hogs_share_our_session_unless_apart(own_sessions):
     # Where the kernel shares CPUs between sessions (autogroup), hogs in our

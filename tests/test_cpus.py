@@ -297,8 +297,30 @@ def every_cpu_busy(monkeypatch):
         pytest.skip("needs two usable CPUs")
     monkeypatch.setattr(engine, "cpus_busy_elsewhere", lambda own_pids=(): usable_cpus())
     monkeypatch.setattr(engine, "busy_threads_share_our_group", lambda own_pids=(): True)
+    monkeypatch.setattr(cpus, "LoadMeter", _meter_reading(lambda: _every_cpu_taken(usable_cpus())))
     yield allowed
     os.sched_setaffinity(0, allowed)
+
+
+def _every_cpu_taken(count: int) -> cpus.Load:
+    """A window in which other programs took every CPU but what we ran."""
+    return cpus.Load(cpus=count, busy=float(count), ours=0.5, waits=0.5)
+
+
+def _one_cpu_idle(count: int) -> cpus.Load:
+    return cpus.Load(cpus=count, busy=count - 1.0, ours=1.0, waits=0.0)
+
+
+def _meter_reading(load):
+    """A LoadMeter whose every window has the load `load()` gives then."""
+    class Meter:
+        def __init__(self, pids):
+            self.pids = pids
+
+        def read(self):
+            return load()
+
+    return Meter
 
 
 def _worker_cpus(envs) -> list[set[int]]:
@@ -365,7 +387,19 @@ def test_workers_follow_the_caller_only_in_lock_step_with_pinning_left_to_shmvec
         envs.reset(seed=0)
         envs.step(np.zeros(4, dtype=np.int64))
     assert _worker_cpus(envs) == before
-    assert envs._engine._caller_cpu is None
+    assert envs._engine._placement is None
+
+
+def test_more_than_two_stepping_processes_do_not_follow_the_caller(every_cpu_busy, closing):
+    """On one CPU they would get that CPU at most, where spread they get a
+    share of every CPU; following is measured for two (unmeasured beyond)."""
+    envs = _make_quietly(num_workers=3, caller_steps=False)
+    closing(envs)
+    assert envs._engine._placement is None
+    os.sched_setaffinity(0, every_cpu_busy[:1])
+    envs.reset(seed=0)
+    envs.step(np.zeros(4, dtype=np.int64))
+    assert all(len(cpus_) > 1 for cpus_ in _worker_cpus(envs))
 
 
 def test_beside_busy_threads_of_other_sessions_the_caller_steps_alone_by_default(every_cpu_busy, monkeypatch,
@@ -384,3 +418,99 @@ def test_beside_busy_threads_of_other_sessions_the_caller_steps_alone_by_default
     os.sched_setaffinity(0, every_cpu_busy[:1])
     envs.reset(seed=0)
     assert _worker_cpus(envs) == [{every_cpu_busy[0]}]
+
+
+# -- where workers run when that changes while stepping ----------------------------
+
+
+def _quiet_env_with_a_watched_worker(monkeypatch, closing):
+    """A lock-step env made on a quiet machine: the caller steps a slice and
+    one worker steps the rest, where shmvec places it (watched)."""
+    from shmvec._engine import engine
+    from shmvec._engine.system import usable_cpus
+
+    if usable_cpus() < 2 or usable_cpus() < len(os.sched_getaffinity(0)):
+        pytest.skip("needs two usable CPUs and no CPU quota below them")
+    monkeypatch.setattr(engine, "cpus_busy_elsewhere", lambda own_pids=(): 0)
+    envs = _make_quietly(num_workers=1)
+    closing(envs)
+    assert envs._engine._placement is not None and not envs._engine._placement.following
+    return envs
+
+
+def test_workers_move_to_the_callers_cpu_when_every_cpu_comes_to_be_busy_and_back_when_one_is_idle(monkeypatch,
+                                                                                                    closing):
+    """Other programs that start after the env was made meet the same
+    placement as those already running when it was made; once a CPU is
+    idle again, the workers go back to where they were started."""
+    from shmvec._engine.system import usable_cpus
+
+    allowed = sorted(os.sched_getaffinity(0))
+    load = [_one_cpu_idle(usable_cpus())]
+    monkeypatch.setattr(cpus, "LoadMeter", _meter_reading(lambda: load[0]))
+    monkeypatch.setattr(cpus.WorkerPlacement, "WINDOW_S", 0.0)  # a reading at every command
+    envs = _quiet_env_with_a_watched_worker(monkeypatch, closing)
+    started = _worker_cpus(envs)
+    try:
+        os.sched_setaffinity(0, allowed[:1])
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert _worker_cpus(envs) == started
+        load[0] = _every_cpu_taken(usable_cpus())
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert _worker_cpus(envs) == [{allowed[0]}]
+        os.sched_setaffinity(0, allowed[-1:])  # following, they move with the caller
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert _worker_cpus(envs) == [{allowed[-1]}]
+        load[0] = _one_cpu_idle(usable_cpus())
+        envs.step(np.zeros(4, dtype=np.int64))
+        assert _worker_cpus(envs) == started
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def test_workers_follow_the_caller_while_real_busy_processes_keep_every_cpu_busy(idle_machine, monkeypatch,
+                                                                                 closing):
+    """The same with real CPU hogs, one per CPU, started after the env was
+    made and stopped before it is closed: the load is read from /proc."""
+    import subprocess
+    import sys
+
+    envs = _quiet_env_with_a_watched_worker(monkeypatch, closing)
+    placement = envs._engine._placement
+    started = _worker_cpus(envs)
+    envs.reset(seed=0)
+    hogs = [subprocess.Popen([sys.executable, "-c", _HOG]) for _ in os.sched_getaffinity(0)]
+    try:
+        assert _step_until(envs, lambda: placement.following), "the workers never followed the caller"
+        assert _worker_cpus(envs) == [{placement.cpu}]
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert _step_until(envs, lambda: not placement.following), "the workers never went back"
+    assert _worker_cpus(envs) == started
+
+
+def _step_until(envs, done, seconds: float = 15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        envs.step(np.zeros(4, dtype=np.int64))
+        if done():
+            return True
+    return False
+
+
+@pytest.mark.parametrize("load, following, follows", [
+    # (CPUs, busy, ours, waits): the first seven as read on 2 vCPUs beside CartPole x64
+    ((2, 2.0, 2.0, 0.0), False, False),  # a quiet machine: shmvec keeps both CPUs busy itself
+    ((2, 2.0, 0.65, 0.67), False, True),  # two CPU hogs came: spread, each process waits for one
+    ((2, 2.0, 2.0, 0.3), False, False),  # waits for this process's own threads (a policy's)
+    ((2, 1.67, 1.3, 0.5), False, False),  # one hog: a CPU partly idle
+    ((2, 2.0, 1.0, 0.5), True, True),  # following beside two hogs: no CPU idle
+    ((2, 1.98, 0.99, 0.51), True, True),  # ... or beside one that has the other CPU to itself
+    ((2, 1.0, 1.0, 0.5), True, False),  # the hogs stopped: the other CPU idle
+    ((16, 16.0, 2.0, 1.0), False, True), ((16, 15.0, 2.0, 1.0), True, False),
+])
+def test_workers_follow_the_caller_while_no_cpu_is_idle_by_the_last_windows_load(load, following, follows):
+    assert cpus.follow_caller(cpus.Load(*load), following) is follows

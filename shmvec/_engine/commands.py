@@ -122,8 +122,8 @@ class CommandRunner:
                 self._wait_out_unread()
             if self.restarted_rows:
                 self.restarted_rows = []
-            if self._caller_cpu is not None:  # lock-step beside busy CPUs: workers where the caller runs
-                self._caller_cpu.follow()
+            if self._placement is not None:  # lock-step: workers on the caller's CPU while every CPU is busy
+                self._placement.before_command()
             if self.num_workers:
                 if plain_step:
                     self._channel.post_step_all()

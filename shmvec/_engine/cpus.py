@@ -7,7 +7,10 @@ The lock files live in a directory private to this user:
 ``$XDG_RUNTIME_DIR/shmvec-cpus`` when that is usable, else
 ``$TMPDIR/shmvec-cpus-$UID``; either must be a real directory (not a
 symlink), owned by us, mode 0700. If anything is wrong with it, workers run
-unpinned (one RuntimeWarning): the lock directory never fails a vector env."""
+unpinned (one RuntimeWarning): the lock directory never fails a vector env.
+
+And where lock-step workers run while other programs keep every CPU busy:
+on the caller's CPU, for as long as that lasts (WorkerPlacement)."""
 
 from __future__ import annotations
 
@@ -15,13 +18,14 @@ import fcntl
 import os
 import stat
 import tempfile
+import time
 import warnings
 from collections.abc import Sequence
 
 from shmvec import _core
-from shmvec._engine.system import PARENT_ONLY_FDS, allowed_cpu_ids
+from shmvec._engine.system import PARENT_ONLY_FDS, Load, LoadMeter, allowed_cpu_ids
 
-__all__ = ["choose_cpus", "CallerCpu"]
+__all__ = ["choose_cpus", "follow_caller", "WorkerPlacement"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -151,27 +155,76 @@ def choose_cpus(count: int, pin: bool | str | Sequence[int], leave_free: int,
     return chosen, fds
 
 
-class CallerCpu:
-    """Keeps lock-step workers on the CPU the caller runs on, where other
-    programs keep every CPU busy (plan.workers_follow_caller says when and
-    why). The caller is left where the kernel puts it: before each command,
-    if it runs on another CPU than last time, its workers are moved there."""
+def follow_caller(load: Load, following: bool) -> bool:
+    """Whether lock-step workers should run on the caller's CPU, by the load
+    of the last window (see WorkerPlacement). They start following where
+    other programs' CPU time, with the time shmvec's processes waited to
+    run, comes to three quarters of every CPU: as at construction
+    (system.cpus_busy_elsewhere), but counting the waits, since while
+    shmvec steps it holds much of the CPUs the others would take. They stop
+    when half a CPU is left idle: spread again, each has a CPU of its own."""
+    if following:
+        return load.cpus - load.busy < 0.5
+    return (load.busy - load.ours) + load.waits >= 0.75 * load.cpus
 
-    def __init__(self, processes: list):
-        self._processes = processes  # the pool's list: a restarted worker's new process shows in it
+
+class WorkerPlacement:
+    """Keeps lock-step workers on the CPU the caller runs on while other
+    programs keep every CPU busy (plan.workers_follow_caller says where and
+    why), and watches for that to start or stop while stepping.
+
+    Following, the caller is left where the kernel puts it: before each
+    command, if it runs on another CPU than last time, its workers are moved
+    there. Every `WINDOW_S` of stepping it reads the CPUs' load
+    (system.LoadMeter) and decides again (follow_caller); workers that stop
+    following go back to the CPUs they were started with (`pool.cpus`, their
+    reservations held meanwhile) or to every CPU this process may use."""
+
+    WINDOW_S = 0.2
+
+    def __init__(self, pool, following: bool):
+        self._pool = pool  # its processes list shows a restarted worker's new process
+        self.following = following
         self.cpu = -1  # where the workers were moved last; -1: not yet
+        self._meter = LoadMeter(lambda: [p.pid for p in pool.processes])
+        self._everywhere = allowed_cpu_ids()  # (tests move the caller)
+        self._due = time.monotonic() + self.WINDOW_S
 
-    def follow(self) -> None:
-        cpu = _core.current_cpu()  # no system call: one per command costs nothing
-        if cpu == self.cpu or cpu < 0:
-            return
-        for process in self._processes:
-            try:
-                os.sched_setaffinity(process.pid, (cpu,))
-            except OSError:  # it died: the wait for it says so
-                pass
-        self.cpu = cpu
+    def before_command(self) -> None:
+        if self.following:
+            self._follow()
+        if time.monotonic() >= self._due:  # one clock read a command: the window's reading is rare
+            self._look()
 
     def forget(self) -> None:
         """A worker was restarted: move them all at the next command."""
         self.cpu = -1
+
+    def _look(self) -> None:
+        load = self._meter.read()
+        self._due = time.monotonic() + self.WINDOW_S
+        if load is None or follow_caller(load, self.following) == self.following:
+            return
+        self.following = not self.following
+        if self.following:
+            self._follow()
+        else:
+            self._spread()
+
+    def _follow(self) -> None:
+        cpu = _core.current_cpu()  # no system call: one per command costs nothing
+        if cpu == self.cpu or cpu < 0:
+            return
+        self._move([(cpu,)] * len(self._pool.processes))
+        self.cpu = cpu
+
+    def _spread(self) -> None:
+        self._move([self._everywhere if cpu is None else (cpu,) for cpu in self._pool.cpus])
+        self.cpu = -1
+
+    def _move(self, cpus: list) -> None:
+        for process, where in zip(self._pool.processes, cpus):
+            try:
+                os.sched_setaffinity(process.pid, where)
+            except OSError:  # it died: the wait for it says so
+                pass

@@ -23,13 +23,13 @@ from shmvec import _core
 from shmvec._engine import protocol as P
 from shmvec._engine.async_steps import RECORD_CAPACITY, AsyncSteps
 from shmvec._engine.commands import CommandRunner, _Command
-from shmvec._engine.cpus import CallerCpu
+from shmvec._engine.cpus import WorkerPlacement
 from shmvec._engine.cycle import BROKEN, CLOSED, CommandCycle
 from shmvec._engine.env_slice import EnvSlice, make_envs
 from shmvec._engine.info_columns import InfoColumns
 from shmvec._engine.layout import DataLayout
 from shmvec._engine.plan import (busy_cpus_note, caller_cpus, check_observation_spaces, check_options, no_cpu_idle,
-                                 plan_slices, split_slices, workers_follow_caller)
+                                 plan_slices, split_slices, workers_follow_caller, workers_may_follow)
 from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool, live_worker_pids
 from shmvec._engine.system import IS_LINUX, busy_threads_share_our_group, cpus_busy_elsewhere
 from shmvec._engine.torch_threads import TorchThreads
@@ -84,7 +84,10 @@ class Engine(CommandRunner):
         follows = workers_follow_caller(async_mode, pin_workers, busy_cpus)
         num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode, busy_cpus,
                                                 follows, shares)
-        follows = follows and num_workers > 0
+        # Whether its workers may follow the caller, now or later (WorkerPlacement watches).
+        watched = num_workers > 0 and workers_may_follow(async_mode, pin_workers,
+                                                                num_workers + (1 if caller_steps else 0))
+        follows = follows and watched
         note = busy_cpus_note(self.num_envs, requested, num_workers, caller_steps, async_mode, busy_cpus, follows,
                               shares)
         if note:
@@ -98,7 +101,7 @@ class Engine(CommandRunner):
         self.worker_rows = slices
         self.pool = WorkerPool(self.cycle, slices, start_method, timeout_s, bool(restart_failed_workers),
                                int(max_restarts), bool(daemon))
-        self._caller_cpu = CallerCpu(self.pool.processes) if follows else None
+        self._placement = WorkerPlacement(self.pool, follows) if watched else None
         self.restarted_rows: list[int] = []  # envs restarted by the last command (or recv)
         self._command: _Command | None = None  # begun, results not yet collected
         # The command finish() completed last, until the front end's call
@@ -241,8 +244,8 @@ class Engine(CommandRunner):
             self.transport.request(P.MARK_RESTARTED, None, [w])
             self.info_columns.forget(w + (1 if self._caller is not None else 0))
             self.restarted_rows += list(self.worker_rows[w])
-            if self._caller_cpu is not None:
-                self._caller_cpu.forget()
+            if self._placement is not None:
+                self._placement.forget()
 
     def mark_restarted(self) -> None:
         """Marks every env restarted (a Ray actor that was rebuilt)."""

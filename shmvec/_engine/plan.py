@@ -12,7 +12,8 @@ import numpy as np
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
 __all__ = ["START_METHODS", "check_options", "caller_cpus", "default_num_workers", "no_cpu_idle",
-           "workers_follow_caller", "busy_cpus_note", "plan_slices", "split_slices", "check_pin_workers", "check_observation_spaces"]
+           "workers_may_follow", "workers_follow_caller", "busy_cpus_note", "plan_slices", "split_slices",
+           "check_pin_workers", "check_observation_spaces"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
 
@@ -29,10 +30,24 @@ def no_cpu_idle(busy_cpus: int) -> bool:
     return usable_cpus() >= 2 and busy_cpus >= usable_cpus()
 
 
+def workers_may_follow(async_mode: bool, pin_workers: Any, stepping: int) -> bool:
+    """Whether lock-step workers may run on the caller's CPU, when other
+    programs keep every CPU busy (now or later: cpus.WorkerPlacement
+    watches): pinning left to shmvec ("auto"), two or more usable CPUs and
+    no CPU quota below them (the other CPUs' load says nothing of ours
+    there, as for system.cpus_busy_elsewhere), and at most two `stepping`
+    processes (the workers, and the caller if it steps a slice). On one CPU
+    they get that CPU's time at most; two share it well (below), and more
+    beside the busy CPUs of a larger machine are unmeasured."""
+    return (not async_mode and pin_workers == "auto" and stepping <= 2
+            and usable_cpus() >= 2 and usable_cpus() == len(allowed_cpu_ids()))
+
+
 def workers_follow_caller(async_mode: bool, pin_workers: Any, busy_cpus: int) -> bool:
-    """Whether lock-step workers run on the CPU the caller runs on, moved
-    there whenever the caller moves (cpus.CallerCpu): where other programs
-    keep every usable CPU busy, and pinning is left to shmvec ("auto").
+    """Whether lock-step workers start on the CPU the caller runs on, moved
+    there whenever the caller moves (cpus.WorkerPlacement): where other programs
+    keep every usable CPU busy when the env is made, and pinning is left to
+    shmvec ("auto"); the engine also needs workers_may_follow.
 
     Spread over the CPUs, each of shmvec's processes shares one with another
     program's thread, and every handoff of a step waits for that thread's
@@ -99,18 +114,19 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
     two CPU hogs on 2 CPUs, medians of 6 fresh processes: num_workers=1 ran
     at 0.72x SyncVectorEnv, 0.65-1.35 per process, the default 1.07x,
     1.04-1.21; see docs/performance-history.md), unless they run on the
-    caller's CPU (`follows`, see workers_follow_caller), itself a choice
-    that lasts."""
+    caller's CPU (`follows`, see workers_follow_caller), for as long as no
+    CPU is idle (cpus.WorkerPlacement)."""
     if not busy_cpus:
         return None
     found = f"shmvec found {busy_cpus} of this process's {usable_cpus()} CPUs kept busy by other programs"
     on_callers_cpu = ("its workers run on the CPU the caller runs on, moved there whenever it moves, where they "
-                      "take turns with it instead of each waiting for another program's turn at every step")
+                      "take turns with it instead of each waiting for another program's turn at every step, "
+                      "for as long as no CPU is idle (it looks again five times a second while stepping)")
     if requested is None:
         idle_default = default_num_workers(num_envs, caller_steps, async_mode)
         if follows:
-            return (f"{found}, so {on_callers_cpu}. It looked once, when the env was made; pass "
-                    f"num_workers={idle_default}, pin_workers=True to give them CPUs of their own anyway.")
+            return (f"{found}, so {on_callers_cpu}. Its number of workers was chosen once, when the env "
+                    f"was made; pass num_workers={idle_default}, pin_workers=True to give workers CPUs of their own anyway.")
         if num_workers >= idle_default:
             return None
         return (f"{found}, so it runs {num_workers} worker processes instead of {idle_default} "
@@ -120,7 +136,7 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
         return None
     if follows:
         return (f"{found}: num_workers={num_workers} runs more processes than the CPUs left idle, "
-                f"so {on_callers_cpu}. It looked once, when the env was made.")
+                f"so {on_callers_cpu}.")
     chosen, _ = plan_slices(num_envs, None, None, async_mode, busy_cpus, follows, shares_with_busy)
     caller = (" (the caller counts as one: it runs the policy)" if async_mode
               else " (the caller counts as one: it steps a slice)" if caller_steps else "")

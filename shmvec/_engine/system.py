@@ -7,10 +7,11 @@ import math
 import os
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from typing import NamedTuple
 
 __all__ = ["IS_LINUX", "usable_cpus", "allowed_cpu_ids", "pin_to_cpu", "runnable_threads", "cpus_busy_elsewhere",
-           "busy_threads_share_our_group", "PARENT_ONLY_FDS", "close_arena_fds"]
+           "busy_threads_share_our_group", "Load", "LoadMeter", "PARENT_ONLY_FDS", "close_arena_fds"]
 
 # Fds that only the front end may hold (parent-pipe write ends, CPU
 # reservations) of every live engine in this process. All are close-on-exec
@@ -244,6 +245,68 @@ def _ticks_by_cpu(before: dict[int, tuple[int, int]], after: dict[int, tuple[int
     for tid, (ticks, cpu) in after.items():
         by_cpu[cpu] = by_cpu.get(cpu, 0) + ticks - before.get(tid, (0, cpu))[0]
     return by_cpu
+
+
+class Load(NamedTuple):
+    """The CPUs' load over a window, in CPUs (1.0: one CPU's whole time)."""
+    cpus: int  # this process may use
+    busy: float  # of those CPUs, all programs together
+    ours: float  # of that, this process and its workers
+    waits: float  # time the caller's thread and the workers' waited, ready to run, for a CPU
+
+
+class LoadMeter:
+    """Reads the CPUs' load while shmvec steps, each read() over the window
+    since the one before: for cpus.WorkerPlacement, which moves lock-step
+    workers to the caller's CPU when other programs come to keep every CPU
+    busy, and back when one is left idle. A read takes a few /proc files
+    (about 50 µs with one worker). `pids` gives the workers' pids now (a
+    restarted worker has a new one)."""
+
+    def __init__(self, pids: Callable[[], list[int]]):
+        self._pids = pids
+        self._cpus = set(allowed_cpu_ids())
+        self._last = self._sample()
+
+    def read(self) -> Load | None:
+        """The load since the last read; None if /proc said nothing usable."""
+        now = self._sample()
+        last, self._last = self._last, now
+        if now is None or last is None:
+            return None
+        wall_ns = now[0] - last[0]
+        spans = [(now[1][c][0] - last[1][c][0], now[1][c][1] - last[1][c][1]) for c in now[1] if c in last[1]]
+        if wall_ns <= 0 or not spans or any(total <= 0 for _, total in spans):
+            return None
+        busy = sum(1.0 - idle / total for idle, total in spans)
+        ticks_per_cpu = sum(total for _, total in spans) / len(spans)
+        ours = sum(now[2][pid][0] - last[2][pid][0] for pid in now[2] if pid in last[2]) / ticks_per_cpu
+        waits = sum(now[2][pid][1] - last[2][pid][1] for pid in now[2] if pid in last[2]) / wall_ns
+        return Load(len(spans), busy, ours, waits)
+
+    def _sample(self):
+        """(time in ns, each CPU's (idle, total) ticks, and each of our
+        processes' (CPU ticks of all its threads, ns its stepping thread
+        waited to run)); None if /proc is unreadable."""
+        try:
+            own = {0: _own_times("self", "thread-self")}
+            for pid in self._pids():
+                try:
+                    own[pid] = _own_times(str(pid), str(pid))
+                except OSError:  # it died: the wait for it says so
+                    pass
+            return time.monotonic_ns(), _cpu_times(self._cpus), own
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+def _own_times(process: str, thread: str) -> tuple[int, int]:
+    """(CPU ticks of `process`, all threads, user + system; ns `thread` has
+    waited, ready to run, for a CPU)."""
+    fields = _stat_fields(f"/proc/{process}/stat")
+    with open(f"/proc/{thread}/schedstat", "rb") as f:
+        waited = int(f.read().split()[1])
+    return int(fields[11]) + int(fields[12]), waited
 
 
 def pin_to_cpu(cpu: int) -> None:

@@ -118,6 +118,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start the --busy processes in sessions of their own, as another job from "
                              "another terminal: where the kernel shares the CPUs between sessions "
                              "(autogroup), a vector env's processes together then get one process's share")
+    parser.add_argument("--busy-late", action="store_true",
+                        help="start the --busy processes only once each vector env has been made and warmed up, "
+                             "as other programs that start while a learner steps (the limit's and the plain "
+                             "loops' run from the start)")
     parser.add_argument("--async-batch", type=_count, default=None, metavar="B",
                         help="adds the row shmvec-async: ShmVecEnv(batch_size=B), async_reset, recv, "
                              "send(actions, infos['env_id']) (at envs > B)")

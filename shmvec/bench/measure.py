@@ -82,10 +82,11 @@ def _obs(reset_result):
     return reset_result[0] if isinstance(reset_result, tuple) and len(reset_result) == 2 else reset_result
 
 
-def vector_rate(envs, num_envs: int, seconds: float, policy: Callable | None = None) -> float:
-    """Env steps per second of a vector env over `seconds`, after a warm-up;
-    with a `policy` (observations -> actions), it picks every batch's actions
-    inside the timed loop, as in training."""
+def vector_rate(envs, num_envs: int, seconds: float, policy: Callable | None = None,
+                after_warmup: Callable[[], Any] = lambda: None) -> float:
+    """Env steps per second of a vector env over `seconds`, after a warm-up
+    (and then `after_warmup()`); with a `policy` (observations -> actions),
+    it picks every batch's actions inside the timed loop, as in training."""
     obs = [_obs(envs.reset())]  # no seed: SB3's reset takes none
     if policy is None:
         step, actions = envs.step, action_batches(single_action_space(envs), num_envs)
@@ -95,13 +96,16 @@ def vector_rate(envs, num_envs: int, seconds: float, policy: Callable | None = N
 
         actions = [None]
     step_for(step, actions, warmup_seconds(seconds))
+    after_warmup()
     calls, elapsed = step_for(step, actions, seconds)
     return calls * num_envs / elapsed
 
 
-def async_rate(envs, seconds: float, policy: Callable | None = None) -> float:
+def async_rate(envs, seconds: float, policy: Callable | None = None,
+               after_warmup: Callable[[], Any] = lambda: None) -> float:
     """Env steps per second of a ShmVecEnv in async mode (``batch_size`` below
-    ``num_envs``): ``recv()`` the first envs to finish, ``send()`` them actions."""
+    ``num_envs``): ``recv()`` the first envs to finish, ``send()`` them
+    actions; after a warm-up and `after_warmup()`, as vector_rate."""
     envs.async_reset(seed=0)
     batches = action_batches(envs.single_action_space, envs.batch_size)
     steps = [0]
@@ -113,6 +117,7 @@ def async_rate(envs, seconds: float, policy: Callable | None = None) -> float:
         steps[0] += len(env_ids)
 
     step_for(step, batches, warmup_seconds(seconds))
+    after_warmup()
     steps[0] = 0
     _, elapsed = step_for(step, batches, seconds)
     return steps[0] / elapsed

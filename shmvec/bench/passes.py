@@ -40,11 +40,12 @@ def in_atari_pipeline(args: argparse.Namespace, spec: str) -> bool:
 def _layout(envs) -> dict:
     """What a ShmVecEnv made of its options: its number of workers, whether
     they were pinned (``pin_workers="auto"`` pins only when every worker gets
-    a CPU of its own), and whether they run on the caller's CPU instead (in
-    lock-step where other programs keep every CPU busy)."""
+    a CPU of its own), and whether they ran on the caller's CPU instead at
+    the end of the measurement (in lock-step while other programs keep
+    every CPU busy)."""
     engine = envs._engine  # a shmvec ShmVecEnv: only peers that take shmvec's options get here
     return {"workers": envs.num_workers, "pinned": any(cpu is not None for cpu in engine.pool.cpus),
-            "on_callers_cpu": engine._caller_cpu is not None}
+            "on_callers_cpu": engine._placement is not None and engine._placement.following}
 
 
 def _performance_warnings(caught: list) -> list[str]:
@@ -61,10 +62,13 @@ def _performance_warnings(caught: list) -> list[str]:
 
 
 def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: dict | None = None,
-                 atari: bool = False, policy: str | None = None, policy_device: str = "cpu") -> dict:
+                 atari: bool = False, policy: str | None = None, policy_device: str = "cpu",
+                 busy_late: tuple[int, bool] = (0, False)) -> dict:
     """One measurement, meant for a fresh process; `options` go to
     ShmVecEnv (with ``batch_size`` below `num_envs`, the async loop runs);
-    the `policy`, if any, runs on torch's `policy_device`."""
+    the `policy`, if any, runs on torch's `policy_device`; `busy_late`: the
+    Hogs (count, own_sessions) that start after the warm-up, once the
+    vector env has been made and has stepped."""
     options = options or {}
     if policy == "mlp":
         import torch  # before the envs, as a training script imports it at the top
@@ -72,8 +76,9 @@ def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: d
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         envs = build(peer, spec, num_envs, atari=atari, **options)
+    hogs = Hogs(*busy_late)
     try:
-        extra = _layout(envs) if PEERS[peer].takes_options else {}
+        extra = {}
         told = _performance_warnings(caught)
         if told:
             extra["performance_warnings"] = told
@@ -83,11 +88,14 @@ def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: d
             pick = mlp_policy(observation_space, single_action_space(envs), device=policy_device)
             extra.update(torch_threads=torch.get_num_threads(), policy_device=policy_device)
         if options.get("batch_size", num_envs) < num_envs:
-            rate = async_rate(envs, seconds, pick)
+            rate = async_rate(envs, seconds, pick, hogs.__enter__)
         else:
-            rate = vector_rate(envs, num_envs, seconds, pick)
+            rate = vector_rate(envs, num_envs, seconds, pick, hogs.__enter__)
         memory = tree_memory()
+        if PEERS[peer].takes_options:
+            extra.update(_layout(envs))
     finally:
+        hogs.stop()
         envs.close()
     return {"steps_per_s": rate, "peak_rss_mib": memory["peak_rss_mib"], **extra}
 
@@ -184,7 +192,8 @@ class _Progress:
 def measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
                 notes: list[str]) -> tuple[dict[str, list[dict]], dict[tuple, list[dict]]]:
     """`args.passes` interleaved passes: in each, the limit of every env, then
-    every job, each in fresh processes, with `args.busy` hogs running. A
+    every job, each in fresh processes, with `args.busy` hogs running (with
+    `args.busy_late`, a vector env's only once it has been made and warmed up). A
     failure becomes a note, not the end of the run, and is not retried.
     Returns the limit measurements of each env and the results of each job,
     one per pass that succeeded."""
@@ -193,12 +202,12 @@ def measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
         progress.note(note)
     failed: set = set()
 
-    def attempt(key, what: str, fn, *fn_args):
+    def attempt(key, what: str, fn, *fn_args, busy: int = args.busy):
         progress.show(what)
         if key in failed:
             return None
         try:
-            with Hogs(args.busy, own_sessions=args.busy_apart):
+            with Hogs(busy, own_sessions=args.busy_apart):
                 return fn(*fn_args)
         except RuntimeError as exc:
             failed.add(key)
@@ -225,7 +234,8 @@ def measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
             else:
                 result = attempt((spec, name, n), what, isolated, measure_once, name, spec, n, args.seconds,
                                  _options(args, name), in_atari_pipeline(args, spec), args.policy,
-                                 args.policy_device)
+                                 args.policy_device, (args.busy if args.busy_late else 0, args.busy_apart),
+                                 busy=0 if args.busy_late else args.busy)
             if result is not None:
                 measured.setdefault((spec, name, n), []).append(result)
                 for text in result.get("performance_warnings", ()):

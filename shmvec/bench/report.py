@@ -65,7 +65,8 @@ def about_the_run(cpus: int) -> dict:
 def title_line(about: dict, args: argparse.Namespace) -> str:
     """One line: shmvec's version, the date, the machine, and the load the run added."""
     extras = [f"policy {args.policy} on {args.policy_device}" if args.policy else "",
-              f"busy {args.busy}{' apart' if args.busy_apart else ''}" if args.busy else ""]
+              f"busy {args.busy}{' apart' if args.busy_apart else ''}{' late' if args.busy_late else ''}"
+              if args.busy else ""]
     return ", ".join(filter(None, [f"shmvec {about['shmvec']} bench", about["date"][:10], about["machine"], *extras]))
 
 
@@ -104,8 +105,9 @@ def table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, c
                      "torch_threads=\"auto\" set while its env was open); the limit has none.")
     if args.busy:
         where = "each in a session of its own" if args.busy_apart else "in the bench's session"
-        lines.append(f"busy: {args.busy} processes spinning on the CPU during every measurement, the limit's too, "
-                     f"{where}.")
+        when = ("started once each vector env had been made and warmed up (the limit's and the plain loops' "
+                "from the start)" if args.busy_late else "during every measurement, the limit's too")
+        lines.append(f"busy: {args.busy} processes spinning on the CPU {when}, {where}.")
     names = {r["backend"] for r in rows}
     if "uncoupled" in names:
         lines += [f"uncoupled: one plain loop per usable CPU ({cpus}) over its share of the envs, all at once, none",
@@ -134,7 +136,8 @@ def write_json(path: str, about: dict, args: argparse.Namespace, specs: list[str
                      "workers": options["num_workers"], "pin_workers": options["pin_workers"],
                      "seconds": args.seconds, "passes": args.passes, "atari": args.atari,
                      "policy": args.policy, "policy_device": args.policy_device, "busy": args.busy,
-                     "busy_apart": args.busy_apart, "async_batch": args.async_batch},
+                     "busy_apart": args.busy_apart,
+                     "busy_late": args.busy_late, "async_batch": args.async_batch},
         # The limit: one plain single-env loop per usable CPU, all at once, summed (median of the passes).
         "machine_limit": {spec: limit["steps_per_s"] for spec, limit in limits.items()},
         "limits": limits,
