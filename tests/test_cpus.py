@@ -337,17 +337,37 @@ def test_lock_step_workers_follow_the_caller_when_no_cpu_is_idle(every_cpu_busy,
     """Spread over busy CPUs, every handoff of a step waits for another
     program's turn; on the caller's CPU the two take turns with each other.
     So the default keeps one worker there, and moves it when the caller moves."""
+    from shmvec._engine.plan import FOLLOW_MIN_ENVS
+
     allowed = every_cpu_busy
+    n = FOLLOW_MIN_ENVS
     with pytest.warns(shmvec.PerformanceWarning, match=r"kept busy .* its workers run on the CPU the caller runs on"):
-        envs = shmvec.ShmVecEnv([lambda: FaultEnv()] * 4, start_method="fork")
+        envs = shmvec.ShmVecEnv([lambda: FaultEnv()] * n, start_method="fork")
     closing(envs)
     assert (envs.num_workers, envs._engine._caller is not None) == (1, True)
     os.sched_setaffinity(0, allowed[:1])
     envs.reset(seed=0)
     assert _worker_cpus(envs) == [{allowed[0]}]
     os.sched_setaffinity(0, allowed[-1:])
-    envs.step(np.zeros(4, dtype=np.int64))
+    envs.step(np.zeros(n, dtype=np.int64))
     assert _worker_cpus(envs) == [{allowed[-1]}]
+
+
+def test_with_few_envs_and_no_cpu_idle_the_caller_steps_them_all_by_default(every_cpu_busy):
+    """A batch of few envs is too short for two handoffs a step on a CPU
+    that another program may share: the caller steps every env itself, as
+    SyncVectorEnv does (and says why). An explicit worker still follows."""
+    from shmvec._engine.plan import FOLLOW_MIN_ENVS
+
+    with pytest.warns(shmvec.PerformanceWarning, match=r"runs 0 worker processes instead of 1"):
+        envs = shmvec.ShmVecEnv([lambda: FaultEnv()] * (FOLLOW_MIN_ENVS - 1), start_method="fork")
+    assert envs.num_workers == 0
+    envs.close()
+    envs = _make_quietly(num_workers=1)
+    try:
+        assert envs._engine._placement.following
+    finally:
+        envs.close()
 
 
 def test_explicit_workers_follow_the_caller_too_and_a_restarted_one_joins_them(every_cpu_busy, closing):

@@ -11,7 +11,7 @@ import numpy as np
 
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
-__all__ = ["START_METHODS", "check_options", "caller_cpus", "default_num_workers", "no_cpu_idle",
+__all__ = ["START_METHODS", "FOLLOW_MIN_ENVS", "check_options", "caller_cpus", "default_num_workers", "no_cpu_idle",
            "workers_may_follow", "workers_follow_caller", "busy_cpus_note", "plan_slices", "split_slices",
            "check_pin_workers", "check_observation_spaces"]
 
@@ -68,6 +68,12 @@ def workers_follow_caller(async_mode: bool, pin_workers: Any, busy_cpus: int) ->
     return not async_mode and pin_workers == "auto" and no_cpu_idle(busy_cpus)
 
 
+# With no CPU idle, lock-step's default starts its one worker (on the caller's
+# CPU) only from this many envs: with fewer, a batch's work is too short for
+# two handoffs a step on a CPU that a hog may share (see default_num_workers).
+FOLLOW_MIN_ENVS = 16
+
+
 def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = False, busy_cpus: int = 0,
                         follows: bool = False, shares_with_busy: bool = False) -> int:
     """One stepping process per usable CPU that other programs leave idle
@@ -94,9 +100,17 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     build, x SyncVectorEnv at 64 / 256 envs): lock-step 1.15x / 1.19x and
     1.12x / 1.16x without the worker, 1.29x / 1.20x and 1.44x / 1.19x with
     it; async mode in batches of 32 1.05x / 1.07x and 1.09x / 1.01x without,
-    1.45x / 1.43x and 1.45x / 1.48x with it.
+    1.45x / 1.43x and 1.45x / 1.48x with it. In lock-step only from
+    FOLLOW_MIN_ENVS envs: two hogs running when the env was made, CartPole,
+    1 s after 0.25 s of warm-up, six fresh processes each (ad hoc,
+    2026-11-28), steps/s median (min-max) with the worker, without it and
+    of SyncVectorEnv: 4 envs 94.0k (44.8k-113.5k), 102.5k (89.6k-113.7k),
+    100.8k; 8 envs 104.1k (78.8k-135.7k), 133.5k (128.7k-150.2k), 112.3k;
+    16 envs 162.0k (84.5k-175.6k), 139.6k (132.1k-148.3k), 116.1k; 32 envs
+    170.6k (140.5k-196.5k), 142.1k (127.9k-148.9k), 111.4k; 64 envs 177.4k
+    (104.4k-200.7k), 143.8k (124.3k-156.5k), 130.7k.
     `caller_steps` False: the caller may not step, so at least one worker."""
-    if no_cpu_idle(busy_cpus) and shares_with_busy and (async_mode or follows):
+    if no_cpu_idle(busy_cpus) and shares_with_busy and (async_mode or (follows and num_envs >= FOLLOW_MIN_ENVS)):
         return min(1, num_envs - 1) if caller_steps else 1
     slots = usable_cpus() - busy_cpus - caller_cpus(caller_steps, async_mode)
     cap = num_envs - (1 if caller_steps else 0)
