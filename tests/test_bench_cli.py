@@ -460,3 +460,9 @@ def test_python_dash_m_entry_point(tmp_path):
                           cwd=tmp_path, timeout=60)
     assert done.returncode == 0
     assert "--num-envs" in done.stdout and "module:callable" in done.stdout
+
+
+@pytest.mark.parametrize("flag", ["--busy-apart", "--busy-late"])
+def test_where_and_when_the_hogs_run_needs_hogs(flag, capsys):
+    assert bench("CartPole-v1", flag, "--backends", "sync", *FAST) == 2
+    assert "need --busy N" in capsys.readouterr().err

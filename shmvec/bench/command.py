@@ -143,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
     if args.policy_device != "cpu" and not args.policy:
         print("error: --policy-device needs --policy mlp", file=sys.stderr)
         return 2
+    if (args.busy_apart or args.busy_late) and not args.busy:
+        print("error: --busy-apart and --busy-late need --busy N", file=sys.stderr)
+        return 2
     if args.backends is None:
         args.backends = default_backends(args.async_batch)
     cpus = usable_cpus()
