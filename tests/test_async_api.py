@@ -286,6 +286,7 @@ def test_lock_step_workers_follow_the_caller_only_where_no_cpu_is_idle(monkeypat
     from shmvec._engine import plan
 
     monkeypatch.setattr(plan, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(plan, "allowed_cpu_ids", lambda: list(range(cpus)))  # no CPU quota
     assert plan.workers_follow_caller(async_mode, pin, busy) is follows
 
 

@@ -47,7 +47,9 @@ def workers_follow_caller(async_mode: bool, pin_workers: Any, busy_cpus: int) ->
     """Whether lock-step workers start on the CPU the caller runs on, moved
     there whenever the caller moves (cpus.WorkerPlacement): where other programs
     keep every usable CPU busy when the env is made, and pinning is left to
-    shmvec ("auto"); the engine also needs workers_may_follow.
+    shmvec ("auto"): workers_may_follow's conditions for the default's two
+    stepping processes (the caller and one worker; the engine checks an
+    explicit count again once it is planned).
 
     Spread over the CPUs, each of shmvec's processes shares one with another
     program's thread, and every handoff of a step waits for that thread's
@@ -65,7 +67,7 @@ def workers_follow_caller(async_mode: bool, pin_workers: Any, busy_cpus: int) ->
     mode's processes do not wait for each other at every step: there a
     worker spread over the CPUs ran as fast as one on the caller's CPU
     (202k-208k steps/s against 189k-204k, fresh processes)."""
-    return not async_mode and pin_workers == "auto" and no_cpu_idle(busy_cpus)
+    return no_cpu_idle(busy_cpus) and workers_may_follow(async_mode, pin_workers, stepping=2)
 
 
 # With no CPU idle, lock-step's default starts its one worker (on the caller's
@@ -140,7 +142,8 @@ def busy_cpus_note(num_envs: int, requested: int | None, num_workers: int, calle
         idle_default = default_num_workers(num_envs, caller_steps, async_mode)
         if follows:
             return (f"{found}, so {on_callers_cpu}. Its number of workers was chosen once, when the env "
-                    f"was made; pass num_workers={idle_default}, pin_workers=True to give workers CPUs of their own anyway.")
+                    f"was made; pass num_workers={idle_default}, pin_workers=True to give workers CPUs of "
+                    "their own anyway.")
         if num_workers >= idle_default:
             return None
         return (f"{found}, so it runs {num_workers} worker processes instead of {idle_default} "
