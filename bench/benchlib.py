@@ -9,6 +9,7 @@ Functions that run in a fresh process live here, so that it can import them
 from __future__ import annotations
 
 import itertools
+import statistics
 
 from shmvec._engine.system import usable_cpus
 from shmvec.bench.measure import FreshProcess, action_batches, step_for, tree_memory, warmup_seconds
@@ -17,14 +18,35 @@ from shmvec.bench.peers import build, single_action_space
 CPUS = usable_cpus()
 WARMUP_S = warmup_seconds(1.0)
 
-# (case, who) -> (value, unit), for the summary at the end of the session.
+# (case, who) -> (value, unit), for the summary at the end of the session;
+# where a figure is the median of passes, SPREADS has their (min, max) and
+# PASSES each; SKIPPED: why a configuration was not measured.
 RESULTS: dict[tuple[str, str], tuple[float, str]] = {}
+SPREADS: dict[tuple[str, str], tuple[float, float]] = {}
+PASSES: dict[tuple[str, str], list[float]] = {}  # each pass's figure, in order
+SKIPPED: dict[tuple[str, str], str] = {}
 
 
 def record(benchmark, case: str, who: str, value: float, unit: str) -> None:
     """Keeps a figure for the summary and in the saved benchmark JSON."""
     benchmark.extra_info[unit] = value
     RESULTS[(case, who)] = (value, unit)
+
+
+def record_passes(benchmark, case: str, who: str, measured: list[dict]) -> None:
+    """Keeps the median steps/s of `who`'s passes (each a measurement's
+    dict) for the summary, with their min-max; every pass goes in the saved
+    benchmark JSON, under `who`."""
+    rates = [m["steps_per_s"] for m in measured]
+    benchmark.extra_info[who] = {"steps_per_s": statistics.median(rates), "passes": measured}
+    RESULTS[(case, who)] = (statistics.median(rates), "steps_per_s")
+    SPREADS[(case, who)] = (min(rates), max(rates))
+    PASSES[(case, who)] = rates
+
+
+def skipped(case: str, who: str, reason: str) -> None:
+    """Notes a configuration that cannot run here, for the summary."""
+    SKIPPED[(case, who)] = reason
 
 
 def time_calls(benchmark, step, actions: list, num_envs: int, case: str, who: str) -> None:

@@ -1,11 +1,13 @@
 """Fixtures of the suites and, at the end of the session, every figure and
 each goal of the issues as a ratio measured in this run (reported, never
-asserted: a loaded machine must not fail a build)."""
+asserted: a loaded machine must not fail a build). Where figures are medians
+of interleaved passes (test_real.py), a goal is judged on the medians'
+ratio, and the summary also says in how many passes it held."""
 
 from __future__ import annotations
 
 import pytest
-from benchlib import RESULTS
+from benchlib import PASSES, RESULTS, SKIPPED, SPREADS
 
 from shmvec.bench.peers import PEERS, build
 
@@ -51,6 +53,12 @@ GOALS = [
 FORMATS = {"steps_per_s": "{:,.0f} steps/s", "seconds": "{:.3f} s", "pss_mib": "{:,.0f} MiB PSS"}
 
 
+def pytest_addoption(parser):
+    parser.addoption("--bench-passes", type=int, default=3,
+                     help="interleaved passes over each case's configurations in test_real.py (default 3); "
+                          "its figures are their medians")
+
+
 @pytest.fixture
 def vector_env():
     """Builds vector envs (skipping peers that cannot run here) and closes
@@ -81,7 +89,12 @@ def pytest_terminal_summary(terminalreporter):
         write(f"{case}:")
         for (c, who), (value, unit) in RESULTS.items():
             if c == case:
-                write(f"    {who:<28} {FORMATS[unit].format(value):>20}")
+                spread = SPREADS.get((c, who)) if len(PASSES.get((c, who), ())) > 1 else None
+                between = f"   min-max {spread[0]:,.0f}-{spread[1]:,.0f}" if spread else ""
+                write(f"    {who:<28} {FORMATS[unit].format(value):>20}{between}")
+        for (c, who), reason in SKIPPED.items():
+            if c == case:
+                write(f"    {who:<28} not measured: {reason}")
     sampling = {who: value for (case, who), (value, _) in RESULTS.items() if case.startswith("sampling")}
     if sampling:
         write(f"fastest split of the CPUs with a policy in the loop: {max(sampling, key=sampling.get)}")
@@ -93,6 +106,9 @@ def pytest_terminal_summary(terminalreporter):
             continue
         ratio = RESULTS[case, top][0] / RESULTS[case, bottom][0]
         verdict = "met" if ratio >= goal else "MISSED"
-        write(f"{case:<22} {f'{top} / {bottom}':<32} {ratio:8.2f}   goal >= {goal:<5} {verdict}")
+        # Pass by pass (each pass measured both, one after the other): how often the goal held.
+        paired = list(zip(PASSES.get((case, top), []), PASSES.get((case, bottom), [])))
+        held = f"   passes {sum(t / b >= goal for t, b in paired)}/{len(paired)}" if paired else ""
+        write(f"{case:<22} {f'{top} / {bottom}':<32} {ratio:8.2f}   goal >= {goal:<5} {verdict}{held}")
     if missing:
         write(f"not measured in this run: {', '.join(dict.fromkeys(missing))}")

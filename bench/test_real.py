@@ -6,18 +6,24 @@ policy in the loop (64 envs), and CartPole on a machine kept busy by two
 CPU hogs (64 and 256 envs): hogs already running when the vector env is
 made, or ("busy-late") started once it has been made and warmed up.
 
-Each configuration steps in a fresh process, the same code as `shmvec bench`
-(`shmvec.bench.measure_once`), for --benchmark-max-time seconds (default 1).
-"limit" is one plain single-env loop per usable CPU, all at once, summed
+As `shmvec bench` measures (`shmvec.bench.measure_once`, the same code):
+each case's configurations and its limit in --bench-passes interleaved
+passes (default 3), each measurement in a fresh process, for
+--benchmark-max-time seconds (default 1); the figures are the medians, with
+min-max in the summary. A CPU hog's placement beside a vector env is the
+kernel's draw, which can hold for a second and more: one pass per
+configuration would report that draw, not the configuration. "limit" is one
+plain single-env loop per usable CPU, all at once, summed
 (`shmvec.bench.measure.concurrent_limit`), with the hogs running too where
 the case has them; it has no policy. Needs `pip install "shmvec[bench-real]"`
-for Pong and HalfCheetah and torch for the policy case; what is missing is
-skipped with the reason."""
+for Pong and HalfCheetah and torch for the policy case; a case that cannot
+run here is skipped with the reason, and a peer that cannot is named in the
+summary."""
 
 import importlib.util
 
 import pytest
-from benchlib import record
+from benchlib import record_passes, skipped
 
 from shmvec.bench import measure_once
 from shmvec.bench.measure import Hogs, concurrent_limit, isolated
@@ -44,12 +50,17 @@ CASES = {
     "busy-late-256": ("CartPole-v1", False, 256, None, 2, [SHMVEC, ASYNC_32, SYNC]),
 }
 LATE = {"busy-late-64", "busy-late-256"}  # the hogs start after the warm-up (the limit's from the start)
-RUNS = [(case, who) for case, (*_, configs) in CASES.items() for who, _, _ in configs]
 
 
 @pytest.fixture
 def seconds(request):
     return float(request.config.getoption("benchmark_max_time"))
+
+
+@pytest.fixture
+def passes(request, benchmark):
+    # A smoke run (--benchmark-disable) measures once.
+    return 1 if benchmark.disabled else int(request.config.getoption("bench_passes"))
 
 
 def _skip_missing(case: str) -> None:
@@ -61,37 +72,37 @@ def _skip_missing(case: str) -> None:
         pytest.skip('the policy needs torch (pip install "torch==2.13.0")')
 
 
-@pytest.mark.parametrize(("case", "who"), RUNS, ids=[f"{c}-{w}" for c, w in RUNS])
-def test_real(benchmark, seconds, case, who):
+@pytest.mark.parametrize("case", CASES)
+def test_real(benchmark, seconds, passes, case):
+    """Every configuration of `case` and its limit, in `passes` interleaved
+    passes (each measurement in a fresh process); records their medians."""
     spec, atari, num_envs, policy, hogs, configs = CASES[case]
     _skip_missing(case)
-    peer, options = next((p, o) for w, p, o in configs if w == who)
-    reason = PEERS[peer].unavailable(spec, atari)
-    if reason:
-        pytest.skip(reason)
+    reasons = {who: PEERS[peer].unavailable(spec, atari) for who, peer, _ in configs}
+    runnable = [(who, peer, options) for who, peer, options in configs if not reasons[who]]
+    late = case in LATE
 
-    def run():
-        late = case in LATE
+    def limit() -> dict:
+        with Hogs(hogs):
+            return concurrent_limit(spec, seconds, atari)
+
+    def one(peer: str, options: dict) -> dict:
         with Hogs(0 if late else hogs):
             return isolated(measure_once, peer, spec, num_envs, seconds, options, atari, policy, "cpu",
                             (hogs if late else 0, False))
 
-    benchmark.group = case
-    result = benchmark.pedantic(run, rounds=1, iterations=1)
-    benchmark.extra_info.update({k: v for k, v in result.items() if k != "steps_per_s"})
-    record(benchmark, case, who, result["steps_per_s"], "steps_per_s")
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_limit(benchmark, seconds, case):
-    spec, atari, _, _, hogs, _ = CASES[case]
-    _skip_missing(case)
-
-    def run():
-        with Hogs(hogs):
-            return concurrent_limit(spec, seconds, atari)
+    def run() -> dict[str, list[dict]]:
+        results: dict[str, list[dict]] = {who: [] for who in ["limit", *(who for who, _, _ in runnable)]}
+        for _ in range(passes):
+            results["limit"].append(limit())
+            for who, peer, options in runnable:
+                results[who].append(one(peer, options))
+        return results
 
     benchmark.group = case
-    result = benchmark.pedantic(run, rounds=1, iterations=1)
-    benchmark.extra_info["loops"] = result["loops"]
-    record(benchmark, case, "limit", result["steps_per_s"], "steps_per_s")
+    results = benchmark.pedantic(run, rounds=1, iterations=1)
+    for who, reason in reasons.items():
+        if reason:
+            skipped(case, who, reason)
+    for who, measured in results.items():
+        record_passes(benchmark, case, who, measured)
