@@ -134,7 +134,57 @@ Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
   rewards_ = static_cast<double*>(rewards.mutable_data());
   terminations_ = static_cast<bool*>(terminations.mutable_data());
   truncations_ = static_cast<bool*>(truncations.mutable_data());
+  const size_t rows = static_cast<size_t>(first_row_ + num_envs());
+  staged_terminations_ = std::make_unique<bool[]>(rows);
+  staged_truncations_ = std::make_unique<bool[]>(rows);
+  staged_info_flags_ = std::make_unique<uint8_t[]>(rows);
 }
+
+// While a lock-step batch steps, its one-byte flags (terminated, truncated,
+// info in columns) go to the stepper's own buffers, and into the arena once
+// at the end, also when an env raised. Every slice's flags share a few cache
+// lines (64 envs' in one), which the other slices' processes write at the
+// same time: written in place, each line moved between CPUs at every env.
+// NoopEnv x64 on 2 vCPUs that the host ran far apart (a cache line's round
+// trip 370-400 ns): 3.75M steps/s in place, 5.76M staged; near (75-130 ns):
+// 6.41M and 6.82M (docs/performance.md, "False sharing of the flags").
+// Async mode (step_row) publishes each env as it finishes: in place.
+class Stepper::FlagStage {
+ public:
+  explicit FlagStage(Stepper& s)
+      : s_(s), terminations_(s.terminations_), truncations_(s.truncations_), info_flags_(s.info_flags_) {
+    copy(s_.staged_terminations_.get(), terminations_);
+    copy(s_.staged_truncations_.get(), truncations_);
+    s_.terminations_ = s_.staged_terminations_.get();
+    s_.truncations_ = s_.staged_truncations_.get();
+    if (info_flags_) {
+      copy(s_.staged_info_flags_.get(), info_flags_);
+      s_.info_flags_ = s_.staged_info_flags_.get();
+    }
+  }
+  ~FlagStage() {
+    copy(terminations_, s_.terminations_);
+    copy(truncations_, s_.truncations_);
+    s_.terminations_ = terminations_;
+    s_.truncations_ = truncations_;
+    if (info_flags_) {
+      copy(info_flags_, s_.info_flags_);
+      s_.info_flags_ = info_flags_;
+    }
+  }
+  FlagStage(const FlagStage&) = delete;
+  FlagStage& operator=(const FlagStage&) = delete;
+
+ private:
+  template <typename T>
+  void copy(T* to, const T* from) const {
+    std::memcpy(to + s_.first_row_, from + s_.first_row_, static_cast<size_t>(s_.num_envs()) * sizeof(T));
+  }
+  Stepper& s_;
+  bool* terminations_;  // the arena's
+  bool* truncations_;
+  uint8_t* info_flags_;
+};
 
 void Stepper::write_leaf(ArrayLeaf& leaf, py::ssize_t row, py::handle value) {
   char* dst = leaf.data + row * leaf.row_bytes;
@@ -323,6 +373,7 @@ bool Stepper::store_info(py::ssize_t row, py::handle info) {
 }
 
 py::object Stepper::step(py::object object_actions) {
+  FlagStage stage(*this);
   py::object records = py::none();
   const bool have_objects = !object_actions.is_none();
   for (py::ssize_t k = 0; k < num_envs(); ++k) {

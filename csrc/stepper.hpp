@@ -7,6 +7,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <vector>
 
 namespace shmvec {
@@ -46,9 +47,9 @@ class Stepper {
           py::array rewards, py::array terminations, py::array truncations, int autoreset_mode,
           py::object write_fallback);
 
-  // Steps every env of the slice. `object_actions` is None, or a list (one
-  // per env) of the action's non-fixed leaves. Returns None when nothing but
-  // arrays came out, else a list of records, in row order:
+  // Steps every env of the slice (lock-step). `object_actions` is None, or a
+  // list (one per env) of the action's non-fixed leaves. Returns None when
+  // nothing but arrays came out, else a list of records, in row order:
   //   (row, info or None, ended, final_info, objects or None, final_obs)
   // `ended` is true when a SAME_STEP episode ended (final_info is then the
   // terminal step's info). A restart report (see mark_restarted) under
@@ -138,6 +139,11 @@ class Stepper {
   py::ssize_t info_width_ = 0;
   py::dict info_types_;
   std::vector<InfoColumn> schema_;
+  // step() stages the slice's one-byte flags here, indexed by row as the
+  // arena's are (see FlagStage in stepper.cpp).
+  class FlagStage;
+  std::unique_ptr<bool[]> staged_terminations_, staged_truncations_;
+  std::unique_ptr<uint8_t[]> staged_info_flags_;
 };
 
 }  // namespace shmvec
