@@ -19,11 +19,10 @@ CPUS = usable_cpus()
 WARMUP_S = warmup_seconds(1.0)
 
 # (case, who) -> (value, unit), for the summary at the end of the session;
-# where a figure is the median of passes, SPREADS has their (min, max) and
-# PASSES each; SKIPPED: why a configuration was not measured.
+# where a figure is the median of passes, PASSES has each pass's figure, in
+# order; SKIPPED: why a configuration was not measured.
 RESULTS: dict[tuple[str, str], tuple[float, str]] = {}
-SPREADS: dict[tuple[str, str], tuple[float, float]] = {}
-PASSES: dict[tuple[str, str], list[float]] = {}  # each pass's figure, in order
+PASSES: dict[tuple[str, str], list[float]] = {}
 SKIPPED: dict[tuple[str, str], str] = {}
 
 
@@ -38,9 +37,9 @@ def record_passes(benchmark, case: str, who: str, measured: list[dict]) -> None:
     dict) for the summary, with their min-max; every pass goes in the saved
     benchmark JSON, under `who`."""
     rates = [m["steps_per_s"] for m in measured]
-    benchmark.extra_info[who] = {"steps_per_s": statistics.median(rates), "passes": measured}
-    RESULTS[(case, who)] = (statistics.median(rates), "steps_per_s")
-    SPREADS[(case, who)] = (min(rates), max(rates))
+    median = statistics.median(rates)
+    benchmark.extra_info[who] = {"steps_per_s": median, "passes": measured}
+    RESULTS[(case, who)] = (median, "steps_per_s")
     PASSES[(case, who)] = rates
 
 

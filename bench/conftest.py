@@ -7,7 +7,7 @@ ratio, and the summary also says in how many passes it held."""
 from __future__ import annotations
 
 import pytest
-from benchlib import PASSES, RESULTS, SKIPPED, SPREADS
+from benchlib import PASSES, RESULTS, SKIPPED
 
 from shmvec.bench.peers import PEERS, build
 
@@ -89,8 +89,8 @@ def pytest_terminal_summary(terminalreporter):
         write(f"{case}:")
         for (c, who), (value, unit) in RESULTS.items():
             if c == case:
-                spread = SPREADS.get((c, who)) if len(PASSES.get((c, who), ())) > 1 else None
-                between = f"   min-max {spread[0]:,.0f}-{spread[1]:,.0f}" if spread else ""
+                rates = PASSES.get((c, who), [])
+                between = f"   min-max {min(rates):,.0f}-{max(rates):,.0f}" if len(rates) > 1 else ""
                 write(f"    {who:<28} {FORMATS[unit].format(value):>20}{between}")
         for (c, who), reason in SKIPPED.items():
             if c == case:

@@ -353,7 +353,7 @@ def test_lock_step_workers_follow_the_caller_when_no_cpu_is_idle(every_cpu_busy,
     assert _worker_cpus(envs) == [{allowed[-1]}]
 
 
-def test_with_few_envs_and_no_cpu_idle_the_caller_steps_them_all_by_default(every_cpu_busy):
+def test_with_few_envs_and_no_cpu_idle_the_caller_steps_them_all_by_default(every_cpu_busy, closing):
     """A batch of few envs is too short for two handoffs a step on a CPU
     that another program may share: the caller steps every env itself, as
     SyncVectorEnv does (and says why). An explicit worker still follows."""
@@ -361,13 +361,11 @@ def test_with_few_envs_and_no_cpu_idle_the_caller_steps_them_all_by_default(ever
 
     with pytest.warns(shmvec.PerformanceWarning, match=r"runs 0 worker processes instead of 1"):
         envs = shmvec.ShmVecEnv([lambda: FaultEnv()] * (FOLLOW_MIN_ENVS - 1), start_method="fork")
+    closing(envs)
     assert envs.num_workers == 0
-    envs.close()
-    envs = _make_quietly(num_workers=1)
-    try:
-        assert envs._engine._placement.following
-    finally:
-        envs.close()
+    worker = _make_quietly(num_workers=1)
+    closing(worker)
+    assert worker._engine._placement.following
 
 
 def test_explicit_workers_follow_the_caller_too_and_a_restarted_one_joins_them(every_cpu_busy, closing):

@@ -11,8 +11,8 @@ import numpy as np
 
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
-__all__ = ["START_METHODS", "FOLLOW_MIN_ENVS", "check_options", "caller_cpus", "default_num_workers", "no_cpu_idle",
-           "workers_may_follow", "workers_follow_caller", "busy_cpus_note", "plan_slices", "split_slices",
+__all__ = ["START_METHODS", "FOLLOW_MIN_ENVS", "check_options", "caller_cpus", "default_num_workers",
+           "no_cpu_idle", "workers_may_follow", "workers_follow_caller", "busy_cpus_note", "plan_slices", "split_slices",
            "check_pin_workers", "check_observation_spaces"]
 
 START_METHODS = ("fork", "forkserver", "spawn")
@@ -112,7 +112,8 @@ def default_num_workers(num_envs: int, caller_steps: bool, async_mode: bool = Fa
     170.6k (140.5k-196.5k), 142.1k (127.9k-148.9k), 111.4k; 64 envs 177.4k
     (104.4k-200.7k), 143.8k (124.3k-156.5k), 130.7k.
     `caller_steps` False: the caller may not step, so at least one worker."""
-    if no_cpu_idle(busy_cpus) and shares_with_busy and (async_mode or (follows and num_envs >= FOLLOW_MIN_ENVS)):
+    worker_pays = async_mode or (follows and num_envs >= FOLLOW_MIN_ENVS)
+    if no_cpu_idle(busy_cpus) and shares_with_busy and worker_pays:
         return min(1, num_envs - 1) if caller_steps else 1
     slots = usable_cpus() - busy_cpus - caller_cpus(caller_steps, async_mode)
     cap = num_envs - (1 if caller_steps else 0)
