@@ -15,13 +15,23 @@ between the backends.
 
 To compare two builds, run it with each on PYTHONPATH in turn (pip install
 --target DIR).
+
+With --migrations (Linux, `perf`, and the right to trace the scheduler:
+root, or kernel.perf_event_paranoid at -1), each shmvec run is recorded
+with `perf record -e sched:sched_migrate_task`, and a line under it says
+when its workers first moved to the caller's CPU, how often the kernel
+moved the caller to the other CPU before it moved a hog, and when it moved
+a hog (README, "A busy machine": the kernel's settling).
 """
 
 import argparse
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 WINDOW_S = 0.25
@@ -41,12 +51,15 @@ def run_once(backend: str, num_envs: int, hogs: int, quiet: float, busy: float, 
     actions = np.random.default_rng(0).integers(0, 2, size=(1024, num_envs))
     windows, k = [], 0
     spinning = Hogs(hogs)
+    pids = {"caller": os.getpid(), "workers": [p.pid for p in envs._engine.pool.processes] if placement else []}
     try:
         envs.reset(seed=0)
         start = time.monotonic()
         while (now := time.monotonic() - start) < quiet + busy + after:
             if quiet <= now < quiet + busy and not spinning.processes:
+                pids["hogs_at_ns"] = time.monotonic_ns()
                 spinning.__enter__()
+                pids["hogs"] = [p.pid for p in spinning.processes]
             elif now >= quiet + busy and spinning.processes:
                 spinning.stop()
             began, steps = time.monotonic(), 0
@@ -61,7 +74,41 @@ def run_once(backend: str, num_envs: int, hogs: int, quiet: float, busy: float, 
     finally:
         spinning.stop()
         envs.close()
-    return {"backend": backend, "windows": windows}
+    return {"backend": backend, "windows": windows, "pids": pids}
+
+
+MIGRATION = re.compile(r" (\d+\.\d+): sched:sched_migrate_task: .*? pid=(\d+) .*?orig_cpu=(\d+) dest_cpu=(\d+)")
+
+
+def migrations(perf_script: str, pids: dict) -> str:
+    """What `perf record` saw of one run's migrations (`perf script`'s
+    text), from when the hogs started: when shmvec first moved its workers
+    (to the caller's CPU), how many times the kernel then moved the caller
+    before it moved a hog off the workers' CPU, and when."""
+    start = pids["hogs_at_ns"] / 1e9
+    followed = hog_left = workers_cpu = None
+    caller_moves = hog_moves = 0
+    for line in perf_script.splitlines():
+        found = MIGRATION.search(line)
+        if not found or float(found[1]) < start:
+            continue
+        at, pid, source, target = float(found[1]) - start, int(found[2]), int(found[3]), int(found[4])
+        if pid in pids["workers"]:
+            followed = at if followed is None else followed
+            workers_cpu = target
+        elif followed is None or hog_left is not None:
+            continue
+        elif pid == pids["caller"]:
+            caller_moves += 1
+        elif pid in pids["hogs"]:
+            hog_moves += 1
+            if source == workers_cpu:
+                hog_left = at
+    if followed is None:
+        return "  shmvec did not move its workers"
+    left = f"moved a hog off the workers' CPU at {hog_left:.2f} s" if hog_left is not None else "moved no hog off it"
+    return (f"  workers moved to the caller's CPU at {followed:.2f} s; the kernel then moved the caller "
+            f"{caller_moves}x and {left} (times from the hogs' start; hog moves in all: {hog_moves})")
 
 
 def main() -> None:
@@ -73,6 +120,8 @@ def main() -> None:
     parser.add_argument("--quiet", type=float, default=2.0, help="seconds before the hogs start (default: 2)")
     parser.add_argument("--busy", type=float, default=4.0, help="seconds the hogs run (default: 4)")
     parser.add_argument("--after", type=float, default=2.0, help="seconds after they stop (default: 2)")
+    parser.add_argument("--migrations", action="store_true",
+                        help="record each shmvec run's migrations with perf (see above)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a backend: one run, in this process
     args = parser.parse_args()
     if args.one:
@@ -82,12 +131,21 @@ def main() -> None:
     means: dict[str, dict[str, list[float]]] = {b: {"busy": [], "after": []} for b in backends}
     for run in range(args.runs):
         for backend in backends:
-            out = subprocess.run([sys.executable, __file__, "--one", backend, *sys.argv[1:]], check=True,
-                                 capture_output=True, text=True).stdout
-            windows = json.loads(out)["windows"]
-            print(f"run {run + 1} {backend}: " + " ".join(
-                f"{w['steps_per_s'] / 1e3:.0f}k{'*' if w['hogs'] else ''}{'c' if w['on_callers_cpu'] else ''}"
-                for w in windows), flush=True)
+            command = [sys.executable, __file__, "--one", backend, *sys.argv[1:]]
+            with tempfile.TemporaryDirectory() as tmp:
+                perf_data = os.path.join(tmp, "perf.data")
+                if args.migrations and backend == "shmvec":  # CLOCK_MONOTONIC: the run's clock
+                    command = ["perf", "record", "-q", "-k", "mono", "-e", "sched:sched_migrate_task", "-a",
+                               "-o", perf_data, "--", *command]
+                result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+                windows = result["windows"]
+                print(f"run {run + 1} {backend}: " + " ".join(
+                    f"{w['steps_per_s'] / 1e3:.0f}k{'*' if w['hogs'] else ''}{'c' if w['on_callers_cpu'] else ''}"
+                    for w in windows), flush=True)
+                if os.path.exists(perf_data) and "hogs" in result["pids"]:
+                    recorded = subprocess.run(["perf", "script", "-i", perf_data], check=True, capture_output=True,
+                                              text=True).stdout
+                    print(migrations(recorded, result["pids"]), flush=True)
             busy = [w["steps_per_s"] for w in windows if w["hogs"]]
             settled = [w["steps_per_s"] for w in windows if w["at"] >= args.quiet + args.busy + 0.5]
             means[backend]["busy"].append(statistics.mean(busy))
