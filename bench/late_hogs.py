@@ -96,19 +96,20 @@ def migrations(perf_script: str, pids: dict) -> str:
         if pid in pids["workers"]:
             followed = at if followed is None else followed
             workers_cpu = target
-        elif followed is None or hog_left is not None:
+        elif followed is None:
             continue
-        elif pid == pids["caller"]:
+        elif pid == pids["caller"] and hog_left is None:
             caller_moves += 1
         elif pid in pids["hogs"]:
             hog_moves += 1
-            if source == workers_cpu:
+            if source == workers_cpu and hog_left is None:
                 hog_left = at
     if followed is None:
         return "  shmvec did not move its workers"
     left = f"moved a hog off the workers' CPU at {hog_left:.2f} s" if hog_left is not None else "moved no hog off it"
     return (f"  workers moved to the caller's CPU at {followed:.2f} s; the kernel then moved the caller "
-            f"{caller_moves}x and {left} (times from the hogs' start; hog moves in all: {hog_moves})")
+            f"{caller_moves}x and {left} (times from the hogs' start; hogs moved {hog_moves}x in all "
+            f"from then on)")
 
 
 def main() -> None:

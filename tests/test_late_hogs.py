@@ -36,13 +36,14 @@ def test_counts_the_callers_moves_until_a_hog_leaves_the_workers_cpu(late_hogs):
         line(10.4, "python", 100, 1, 0),
         line(10.4, "python", 101, 1, 0),
         line(10.75, "python", 200, 0, 1),  # a hog leaves the workers' CPU 0
-        line(11.0, "python", 100, 0, 1),  # after that: not counted
+        line(11.0, "python", 100, 0, 1),  # the caller after that: not counted
+        line(11.2, "python", 201, 1, 0),  # a hog comes back: counted in all
     ])
     summary = late_hogs.migrations(text, PIDS)
     assert "at 0.10 s" in summary
     assert "moved the caller 2x" in summary
     assert "off the workers' CPU at 0.75 s" in summary
-    assert "hog moves in all: 2" in summary
+    assert "hogs moved 3x in all" in summary
 
 
 def test_says_when_no_hog_left_or_no_worker_moved(late_hogs):
