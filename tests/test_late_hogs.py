@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "late_hogs.py"
+pytestmark = pytest.mark.skipif(not SCRIPT.exists(), reason="needs the source tree's bench/")
 
 
 @pytest.fixture(scope="module")
