@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -125,6 +126,8 @@ def main() -> None:
                         help="record each shmvec run's migrations with perf (see above)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a backend: one run, in this process
     args = parser.parse_args()
+    if args.migrations and shutil.which("perf") is None:
+        parser.error("--migrations needs perf (Debian: apt install linux-perf)")
     if args.one:
         print(json.dumps(run_once(args.one, args.num_envs, args.hogs, args.quiet, args.busy, args.after)))
         return
@@ -138,7 +141,10 @@ def main() -> None:
                 if args.migrations and backend == "shmvec":  # CLOCK_MONOTONIC: the run's clock
                     command = ["perf", "record", "-q", "-k", "mono", "-e", "sched:sched_migrate_task", "-a",
                                "-o", perf_data, "--", *command]
-                result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+                ran = subprocess.run(command, capture_output=True, text=True)
+                if ran.returncode:
+                    sys.exit(f"late_hogs.py: {' '.join(command[:2])} ... failed:\n{ran.stderr.strip()}")
+                result = json.loads(ran.stdout)
                 windows = result["windows"]
                 print(f"run {run + 1} {backend}: " + " ".join(
                     f"{w['steps_per_s'] / 1e3:.0f}k{'*' if w['hogs'] else ''}{'c' if w['on_callers_cpu'] else ''}"
