@@ -119,7 +119,11 @@ bool FrontChannel::busy() const { return !all_done(); }
 int FrontChannel::dead_worker(const std::vector<int>& sentinels, bool only_busy) const {
   for (uint32_t w = 0; w < seq_.size(); ++w) {
     if (only_busy && !posted_[w]) continue;
-    if (platform::first_ready_fd(&sentinels[w], 1) >= 0) return static_cast<int>(w) + 1;
+    if (platform::first_ready_fd(&sentinels[w], 1) < 0) continue;
+    // A worker that completed the command and then exited (CLOSE) did not
+    // die during it. Read after its sentinel: it completed before it exited.
+    if (only_busy && done(w)) continue;
+    return static_cast<int>(w) + 1;
   }
   return 0;
 }

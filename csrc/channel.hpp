@@ -169,7 +169,8 @@ class FrontChannel {
   uint32_t own_ring() const;  // the caller's slice's rings (async mode), checked
   bool all_done() const;
   uint32_t busy_count() const;  // posted workers that have not completed
-  // 1 + the first busy worker whose sentinel says it died, else 0.
+  // 1 + the first worker whose sentinel says it died, else 0; with
+  // `only_busy`, only posted workers that have not completed count.
   int dead_worker(const std::vector<int>& sentinels, bool only_busy) const;
   // Between the sleeps of a wait: false (stop) with `status` set when the wait
   // is interrupted, a worker died or the deadline passed.

@@ -76,6 +76,17 @@ py::tuple unpack(py::handle result, size_t n, py::ssize_t row, const char* metho
   throw py::error_already_set();
 }
 
+// An info must be a dict, or a mapping VectorEnv._add_info can read (None
+// would pass for "no info" in a step's record).
+void check_info(py::ssize_t row, py::handle info, const char* call) {
+  if (PyDict_Check(info.ptr()) || PyObject_HasAttrString(info.ptr(), "items")) return;
+  std::string shown = py::repr(info);
+  if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+  PyErr_SetString(PyExc_TypeError, ("env " + std::to_string(row) + ": " + call + "() returned info " + shown +
+                                    ", expected a dict").c_str());
+  throw py::error_already_set();
+}
+
 // Flags on an action code (ACTION_AS_PYTHON and ACTION_AS_GIVEN in
 // shmvec._engine.layout).
 constexpr uint8_t kActionAsPython = 0x80;
@@ -403,6 +414,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
     py::tuple r = unpack(env.attr(reset_name_)(), 2, row, "reset");
     objects = write_leaves(obs_targets_, row, r[0]);
     info = r[1];
+    check_info(row, info, "reset");
     rewards_[row] = 0.0;
     terminations_[row] = false;
     truncations_[row] = false;
@@ -423,6 +435,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
     terminations_[row] = terminated;
     truncations_[row] = truncated;
     info = r[4];
+    check_info(row, info, "step");
     const bool ended = terminated || truncated;
     if (mode_ == AutoresetMode::same_step && ended) {
       // The terminal observation travels as the env's own object, as
@@ -433,6 +446,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
       py::tuple reset = unpack(env.attr(reset_name_)(), 2, row, "reset");
       objects = write_leaves(obs_targets_, row, reset[0]);
       info = reset[1];
+      check_info(row, info, "reset");
     } else {
       objects = write_leaves(obs_targets_, row, r[0]);
       needs_reset_[k] = ended ? kAutoreset : kNone;

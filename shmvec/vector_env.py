@@ -402,8 +402,13 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
                         pass  # its error belongs to the call nobody collected; close anyway
         finally:  # even if the warning is an error (-W error)
             self._io = None  # its views would keep the arena mapped
-            if engine is not None:
-                engine.close(terminate=terminate)
+            try:
+                if engine is not None:
+                    engine.close(terminate=terminate)
+            finally:
+                # Closed even if an env's close() raised: the engine closed
+                # every other env and ended the workers before raising it.
+                self.closed = True
 
     def _check_open(self) -> None:
         self._cycle.check_usable()

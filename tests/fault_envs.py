@@ -94,6 +94,35 @@ def failing_factory():
     raise Boom("factory failed")
 
 
+class FailsOnceMarked(FaultEnv):
+    """A FaultEnv whose constructor raises Boom while the file `marker`
+    exists (a factory that fails when a worker is rebuilt)."""
+
+    def __init__(self, marker: str):
+        if os.path.exists(marker):
+            raise Boom("factory failed")
+        super().__init__()
+
+
+class CloseRecorder(FaultEnv):
+    """A FaultEnv whose close() takes `close_s`, then writes the file
+    `marker` (so a test sees which envs finished closing); with `fail_close`
+    it raises Boom instead."""
+
+    def __init__(self, marker: str, close_s: float = 0.0, fail_close: bool = False):
+        super().__init__()
+        self.marker = marker
+        self.close_s = close_s
+        self.fail_close = fail_close
+
+    def close(self):
+        if self.fail_close:
+            raise Boom("close failed")
+        time.sleep(self.close_s)
+        with open(self.marker, "w") as f:
+            f.write(str(os.getpid()))
+
+
 def actions_for(num_envs: int, row: int | None = None, action: int = OK) -> np.ndarray:
     """OK for every env, `action` for env `row`."""
     a = np.full(num_envs, OK, dtype=np.int64)
@@ -105,6 +134,19 @@ def actions_for(num_envs: int, row: int | None = None, action: int = OK) -> np.n
 def ctrl_c() -> None:
     """SIGINT to this process, as a terminal's Ctrl-C (workers ignore it)."""
     os.kill(os.getpid(), signal.SIGINT)
+
+
+def then_ctrl_c(fn: Callable) -> Callable:
+    """`fn`, followed by a Ctrl-C before its result can be stored: SIGINT to
+    this process as `fn` returns (a KeyboardInterrupt at the caller's next
+    bytecode, unless the caller holds Ctrl-C)."""
+
+    def call(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        return result
+
+    return call
 
 
 @contextlib.contextmanager
@@ -149,6 +191,8 @@ class ContractEnv(gym.Env):
                 return self._obs(), {}, 1
             if self.kind == "reset_obs_shape":
                 return self._obs(shape=(4,)), {}
+            if self.kind == "reset_info_none":
+                return self._obs(), None
         return self._obs(), {}
 
     def step(self, action):
@@ -183,6 +227,10 @@ class ContractEnv(gym.Env):
             reward = np.array([1.0, 2.0])
         elif k == "flags_array":
             terminated = np.array([True, False])
+        elif k == "info_none":
+            info = None
+        elif k == "info_list":  # falsy, and not a mapping
+            info = []
         return obs, reward, terminated, truncated, info
 
 

@@ -309,6 +309,9 @@ CONTRACT_BREAKS = {
     "reward_str": ((ValueError, TypeError), "step", None),
     "reward_array": ((ValueError, TypeError), "step", None),
     "flags_array": ((ValueError, TypeError), "step", None),
+    "info_none": (TypeError, "step", None),
+    "info_list": (TypeError, "step", None),
+    "reset_info_none": (TypeError, "reset", None),
 }
 
 

@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 import pytest
-from fault_envs import FaultEnv, lock_is_free
+from fault_envs import FaultEnv, lock_is_free, open_fds, then_ctrl_c
 
 import shmvec
 from shmvec._engine import cpus
@@ -69,6 +69,19 @@ def test_reserves_in_a_private_per_user_directory(tmpdir_only):
     finally:
         release(fds)
     assert lock_is_free(os.path.join(lock_dir(tmpdir_only), "cpu3.lock"))
+
+
+def test_ctrl_c_as_a_cpu_is_reserved_keeps_no_reservation(tmpdir_only, monkeypatch):
+    """A Ctrl-C right after a lock is taken, before its fd is kept where
+    close() finds it, would keep that CPU reserved for the life of the
+    process (and its fd open)."""
+    before = open_fds()
+    monkeypatch.setattr(cpus, "_try_reserve", then_ctrl_c(cpus._try_reserve))
+    with pytest.raises(KeyboardInterrupt):
+        shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=False, pin_workers=True, start_method="fork")
+    monkeypatch.undo()
+    assert lock_is_free(os.path.join(lock_dir(tmpdir_only), "cpu3.lock"))
+    assert open_fds() == before
 
 
 def test_uses_xdg_runtime_dir_when_usable(tmpdir_only, tmp_path, monkeypatch):

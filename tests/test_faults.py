@@ -26,6 +26,7 @@ from fault_envs import (
     KILL,
     RAISE,
     Boom,
+    CloseRecorder,
     FaultEnv,
     actions_for,
     arena_mappings,
@@ -39,6 +40,7 @@ from fault_envs import (
     later,
     open_fds,
     running,
+    then_ctrl_c,
     wait_gone,
     worker_pids,
 )
@@ -499,6 +501,24 @@ def test_sigint_interrupts_a_slow_step_promptly(layout, tmp_path, closing):
     assert wait_gone(pids) == []
 
 
+@pytest.mark.parametrize("opening", ["the workers' pipe", "the arena"])
+def test_ctrl_c_as_construction_opens_an_fd_leaks_none(monkeypatch, opening):
+    """A Ctrl-C that lands between the opening of an fd and its store (where
+    close() finds it) would leave the fd open for the life of the process."""
+    from shmvec import _core
+    gc.collect()
+    before = open_fds()
+    if opening == "the arena":
+        monkeypatch.setattr(_core, "create_shared_file", then_ctrl_c(_core.create_shared_file))
+    else:
+        monkeypatch.setattr(os, "pipe", then_ctrl_c(os.pipe))
+    with pytest.raises(KeyboardInterrupt):
+        make_envs(num_workers=1, caller_steps=True)
+    monkeypatch.undo()
+    gc.collect()
+    assert open_fds() == before
+
+
 def test_sigint_then_close_does_not_hang(tmp_path, closing):
     """Ctrl-C because an env hangs, then close() (a `finally:` or `with`
     block): close must not wait for the hung env forever."""
@@ -654,6 +674,71 @@ def test_closed_env_refuses_everything(closing):
         with pytest.raises(ClosedEnvironmentError):
             op()
     envs.close(terminate=True)
+
+
+@pytest.mark.parametrize("slow_worker", [0, 1])
+def test_close_waits_for_every_worker_to_close_its_envs(tmp_path, slow_worker):
+    """A worker that closed its envs and exited is not a worker that died:
+    close() gives the others their time to close theirs."""
+    markers = [str(tmp_path / f"closed-{row}") for row in range(4)]
+    fns = [functools.partial(CloseRecorder, markers[row], close_s=0.5 if row // 2 == slow_worker else 0.0)
+           for row in range(4)]
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, caller_steps=False, start_method="fork")
+    envs.reset(seed=0)
+    envs.step(actions_for(4))
+    envs.close()
+    assert [os.path.exists(m) for m in markers] == [True] * 4
+
+
+@pytest.mark.parametrize("failing_row", [0, 3])
+def test_close_raises_an_env_close_error_from_any_worker(tmp_path, failing_row):
+    """An env whose close() raises: close() raises its error, naming that
+    env, after every other env has closed and every worker is gone."""
+    markers = [str(tmp_path / f"closed-{row}") for row in range(4)]
+    fns = [functools.partial(CloseRecorder, markers[row], fail_close=row == failing_row) for row in range(4)]
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, caller_steps=False, start_method="fork")
+    pids = worker_pids(envs)
+    envs.reset(seed=0)
+    with pytest.raises(Boom, match="close failed") as info:
+        envs.close()
+    assert isinstance(info.value.__cause__, RemoteTraceback)
+    assert f"(in shmvec env {failing_row})" in str(info.value.__cause__)
+    assert [os.path.exists(m) for m in markers] == [row != failing_row for row in range(4)]
+    assert envs.closed
+    assert not wait_gone(pids)
+
+
+@pytest.mark.parametrize("mode", ["lock-step", "async"])
+def test_close_in_a_signal_handler_during_a_step_makes_the_step_raise_closed(mode):
+    """close() from a signal handler (a SIGTERM handler's graceful shutdown)
+    while a step waits for its workers: the step raises the closed error,
+    not an internal one, and nothing is left behind."""
+    fns = [functools.partial(FaultEnv, hang_s=0.6)] * 4
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, caller_steps=False, start_method="fork",
+                            batch_size=2 if mode == "async" else None)
+    pids = worker_pids(envs)
+    if mode == "async":
+        envs.async_reset(seed=0)
+        envs.recv(), envs.recv()
+        actions = np.full(4, HANG)  # every env sleeps 0.6 s in its step
+    else:
+        envs.reset(seed=0)
+        actions = actions_for(4, 3, HANG)  # env 3 sleeps 0.6 s in its step
+    previous = signal.signal(signal.SIGUSR1, lambda *_: envs.close())
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        with pytest.raises(ClosedEnvironmentError):
+            if mode == "async":
+                envs.send(actions, np.arange(4))
+                envs.recv()
+            else:
+                envs.step(actions)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert envs.closed
+    assert not wait_gone(pids)
 
 
 def test_close_releases_the_arena_while_the_object_lives():

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from fault_envs import HANG, KILL, FaultEnv
+from fault_envs import HANG, KILL, Boom, FailsOnceMarked, FaultEnv
 from gymnasium.vector import SyncVectorEnv
 from helpers import FINAL_OBS, MODES, SAME_STEP, assert_same, mode_id, sync_pair
 
@@ -135,6 +135,28 @@ def test_restart_budget_turns_a_crash_loop_into_an_error():
             envs.step(np.zeros(2, dtype=np.int64))
     finally:
         envs.close()
+
+
+def test_a_replacement_whose_envs_cannot_be_built_breaks_the_env(tmp_path):
+    """The replacement's factory raises: the step raises that error, and the
+    vector env says it is broken (only close() works) instead of asking for
+    a reset that can never succeed."""
+    marker = tmp_path / "fail"
+    envs = shmvec.ShmVecEnv([functools.partial(FailsOnceMarked, str(marker))] * 4, num_workers=2,
+                            caller_steps=False, start_method="fork", restart_failed_workers=True)
+    try:
+        envs.reset(seed=0)
+        marker.touch()
+        kill_worker(envs, 1)
+        with pytest.raises(Boom, match="factory failed"):
+            envs.step(np.zeros(4, dtype=np.int64))
+        marker.unlink()  # a factory that works again does not bring the worker back
+        for call in (lambda: envs.reset(seed=1), lambda: envs.step(np.zeros(4, dtype=np.int64))):
+            with pytest.raises(shmvec.ShmVecError, match="could not be rebuilt.*close"):
+                call()
+    finally:
+        envs.close()
+    assert envs.closed
 
 
 def test_death_during_call_restarts_and_reports():

@@ -22,8 +22,8 @@ import numpy as np
 
 from shmvec import _core
 from shmvec._engine import protocol as P
-from shmvec._engine.cycle import (BROKEN, ENV_RAISED, IDLE, INTERRUPTED, NEEDS_RESET, WAITING_CALL, WAITING_RESET,
-                                  WAITING_STEP)
+from shmvec._engine.cycle import (BROKEN, CLOSED, ENV_RAISED, IDLE, INTERRUPTED, NEEDS_RESET, WAITING_CALL,
+                                  WAITING_RESET, WAITING_STEP)
 from shmvec._engine.env_slice import EnvSlice
 from shmvec._engine.pool import still_pending
 from shmvec._engine.protocol import StepRecord
@@ -161,6 +161,9 @@ class CommandRunner:
             if not command.built:
                 _core.run_holding_interrupt(self._collect, command, build)
         except BaseException as exc:
+            if self.cycle.phase is CLOSED and isinstance(exc, Exception):
+                # close() ran meanwhile (a signal handler's) and tore down what the call was reading
+                raise self.cycle.closed_error() from None
             if self._command is not None:
                 raise  # a timeout, an interrupted wait, or a Ctrl-C held while the result was made: in flight
             if command.collected:

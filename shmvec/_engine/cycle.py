@@ -84,6 +84,10 @@ class CommandCycle:
 
     # -- checks -----------------------------------------------------------------
 
+    def closed_error(self) -> Exception:
+        """The front end's error for a call on a closed env."""
+        return self._closed_error()
+
     def check_usable(self) -> None:
         """Raises if the env is closed or broken."""
         if self.phase is CLOSED:

@@ -40,6 +40,11 @@ from shmvec.errors import ShmVecError, WorkerDiedError, warn_performance
 __all__ = ["Engine", "CLOSE_GRACE_S"]
 
 
+def _create_arena_file(fds: list[int], size: int) -> None:
+    """The arena's memfd, into the pool's fds (where shutdown closes it)."""
+    fds[1] = _core.create_shared_file(size)
+
+
 class Engine(CommandRunner):
     """Steps `env_fns` in `num_workers` processes (and, with `caller_steps`,
     one slice in the calling process), all through one shared arena. Its
@@ -150,7 +155,8 @@ class Engine(CommandRunner):
     def _start(self, env_fns, pin_workers, leave_free: int, busy_cpus: int) -> None:
         w = self.num_workers
         self._fixed_size = fixed = _core.fixed_region_size(w, REQUEST_CAPACITY, REPLY_CAPACITY)
-        self.pool.fds[1] = _core.create_shared_file(fixed)
+        # With Ctrl-C held: one before the store would leak the memfd.
+        _core.run_holding_interrupt(_create_arena_file, self.pool.fds, fixed)
         self._boot = _core.Mapping(self.pool.fds[1], fixed)
         self._channel = _core.FrontChannel(self._boot, w, REQUEST_CAPACITY, REPLY_CAPACITY, True)
         self.transport = Transport(self._channel, self._boot, w, self.pool.wait)
@@ -239,7 +245,12 @@ class Engine(CommandRunner):
                 self._channel.reset_async_worker(w)
             self._channel.post([w], P.DESCRIBE)  # before it starts: the first command it sees
             self.pool.replace(w, cause)
-            self.transport.collect([w])
+            try:
+                self.transport.collect([w])
+            except Exception as exc:  # its factories raised: no reset can bring these envs back
+                self.cycle.break_(f"shmvec worker {w} was restarted ({cause}), but its envs could not be "
+                                  f"rebuilt ({type(exc).__name__}: {exc}); close this vector env")
+                raise
             self.transport.request(P.ATTACH, [self._attach_request], [w])
             self.transport.request(P.MARK_RESTARTED, None, [w])
             self.info_columns.forget(w + (1 if self._caller is not None else 0))

@@ -124,6 +124,8 @@ class EnvSlice:
             if not isinstance(result, tuple) or len(result) != 2:
                 raise ValueError(f"env {row}: reset() must return (obs, info), got {type(result).__name__}")
             obs, info = result
+            if not isinstance(info, dict) and not hasattr(info, "items"):  # as Stepper's check_info
+                raise TypeError(f"env {row}: reset() returned info {info!r:.80}, expected a dict")
             objects = self.stepper.write_observation(row, obs)
             self.stepper.reset_done(row)
             if info or objects is not None:
@@ -156,10 +158,12 @@ class EnvSlice:
 
     def close(self) -> None:
         errors = []
-        for env in self.envs:
+        for row, env in zip(self.rows, self.envs):
             try:
                 env.close()
             except Exception as exc:  # close every env even if one fails
+                if not errors:
+                    self.failed_row = row
                 errors.append(exc)
         self.envs = []
         self.stepper = None

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from shmvec import _core
 from shmvec._engine.cpus import choose_cpus
-from shmvec._engine.cycle import CommandCycle
+from shmvec._engine.cycle import CLOSED, CommandCycle
 from shmvec._engine.system import PARENT_ONLY_FDS
 from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY
 from shmvec._engine.worker import CLOSE_GRACE_S, FdHandle, WorkerSpec
@@ -102,6 +102,15 @@ class WorkerPool:
         self._factories = factories
         if not self.num_workers:
             return
+        _core.run_holding_interrupt(self._open_fds, pin_workers, leave_free, busy_cpus)
+        self.processes += [self.spawn(k) for k in range(self.num_workers)]
+        self.sentinels[:] = [p.sentinel for p in self.processes]
+
+    def _open_fds(self, pin_workers, leave_free: int, busy_cpus: int) -> None:
+        """Opens the parent-alive pipe and reserves CPUs, into `fds` (where
+        shutdown closes them). Run with Ctrl-C held: one between an fd's
+        opening and its store would leak it, and a CPU lock's fd would keep
+        its CPU reserved for the life of this process."""
         # The parent-alive pipe: workers get the read end; only we hold the
         # write end. We keep the read end too, for workers started later.
         self.fds[2], self.fds[0] = os.pipe()
@@ -110,8 +119,6 @@ class WorkerPool:
         self.cpus[:] = cpus
         self.fds += locks  # closed at shutdown, which frees the CPUs
         PARENT_ONLY_FDS.update(locks)
-        self.processes += [self.spawn(k) for k in range(self.num_workers)]
-        self.sentinels[:] = [p.sentinel for p in self.processes]
 
     def spawn(self, k: int) -> mp.process.BaseProcess:
         """Starts the process of worker `k`."""
@@ -163,6 +170,8 @@ class WorkerPool:
         broken cycle)."""
         if code == 0:
             return
+        if self.cycle.phase is CLOSED:  # close() ran during the wait (a signal handler's): it ended the workers
+            raise self.cycle.closed_error()
         if code < 0:
             self.cycle.break_(
                 f"a shmvec command timed out after {self.timeout} s; the vector env can only be closed")
