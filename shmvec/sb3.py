@@ -48,7 +48,8 @@ class ShmVecEnv(VecEnv):
     Outputs are those of ``DummyVecEnv`` (float32 rewards, bool dones, a list
     of fresh info dicts with ``TimeLimit.truncated`` and, at an episode end,
     ``terminal_observation``); env errors reach the caller with their own
-    type. Same seeds and actions give the same results as ``DummyVecEnv``.
+    type. Same seeds and actions give the same results as ``DummyVecEnv``
+    (differences: README, "Stable-Baselines3 and CleanRL").
 
     Args:
         env_fns: callables that each make one env (lambdas and closures work).
@@ -60,10 +61,15 @@ class ShmVecEnv(VecEnv):
             when envs and a usable CPU remain besides one per worker.
         pin_workers: ``"auto"`` (default), ``False``, ``True`` or a list of CPU ids
             (as for ``shmvec.ShmVecEnv``).
-        start_method: ``"forkserver"`` (default), ``"fork"`` or ``"spawn"``.
+        start_method: ``"forkserver"`` (default), ``"fork"`` or ``"spawn"``;
+            the one argument besides ``env_fns`` that may be positional, as in
+            ``SubprocVecEnv``.
         timeout: seconds any wait for workers may take before ``TimeoutError``.
         torch_threads: ``"auto"`` (default), an int or ``None``: torch's
             intra-op threads while this env is open (as for ``shmvec.ShmVecEnv``).
+            A different thread count can change how torch rounds some ops
+            (convolutions): to train bit for bit as beside ``DummyVecEnv``
+            with torch's own count, pass ``None``.
 
     Example:
         >>> import gymnasium as gym
@@ -83,11 +89,11 @@ class ShmVecEnv(VecEnv):
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env]],
+        start_method: str | None = None,  # second, as in SubprocVecEnv(env_fns, start_method)
         *,
         num_workers: int | None = None,
         caller_steps: bool | None = None,
         pin_workers: bool | str | Sequence[int] = "auto",
-        start_method: str | None = None,
         timeout: float | None = None,
         restart_failed_workers: bool = False,
         max_restarts: int = 10,

@@ -430,6 +430,23 @@ def test_training_is_the_same_as_with_dummy(algo, closing, tmp_path_factory):
         assert torch.equal(weights[0][key], weights[1][key]), key
 
 
+def test_cnn_training_with_torch_threads_none_is_the_same_as_with_dummy(closing):
+    """A CnnPolicy's weights depend on torch's thread count (convolutions
+    round by it); with torch_threads=None shmvec leaves that count alone,
+    and training is bit for bit DummyVecEnv's (the README says so)."""
+    image_env = functools.partial(SpacesEnv, spaces.Box(0, 255, (36, 36, 3), np.uint8), spaces.Discrete(3),
+                                  max_steps=20, terminate_prob=0.05)
+    weights = []
+    for vec_env_cls, vec_kwargs in ((DummyVecEnv, None), (ShmVecEnv, {**SHM, "torch_threads": None})):
+        venv = closing(make_vec_env(image_env, n_envs=3, seed=1, vec_env_cls=vec_env_cls, vec_env_kwargs=vec_kwargs))
+        model = PPO("CnnPolicy", venv, n_steps=32, batch_size=32, n_epochs=1, seed=0, device="cpu",
+                    policy_kwargs={"features_extractor_kwargs": {"features_dim": 16}})
+        model.learn(96)
+        weights.append(model.policy.state_dict())
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
+
+
 # -- bad input and env errors ----------------------------------------------------------
 
 @pytest.mark.parametrize("actions", [np.zeros(N + 1, dtype=np.int64), np.zeros(N - 1, dtype=np.int64),
@@ -459,6 +476,14 @@ def test_env_error_keeps_its_type(kind, closing):
 def test_options_that_break_the_contract_are_refused(option, match):
     with pytest.raises(TypeError, match=match):
         ShmVecEnv([ProbeEnv] * 2, **{option: 1})
+
+
+def test_start_method_may_be_positional_as_in_subproc_vec_env(closing):
+    """SubprocVecEnv(env_fns, "fork") works; so does the class name changed."""
+    venv = closing(ShmVecEnv([ProbeEnv] * 2, "fork", num_workers=1))
+    assert venv._engine.pool.start_method == "fork"
+    with pytest.raises(TypeError):
+        ShmVecEnv([ProbeEnv] * 2, "fork", 1)  # the rest stay keyword-only
 
 
 @pytest.mark.parametrize("kind", ["dummy", "shmvec"])
