@@ -316,6 +316,7 @@ def test_hung_env_times_out_and_close_terminate_is_prompt(layout, closing):
         envs.step(actions_for(4, 3, HANG))  # time.sleep(60)
     elapsed = time.monotonic() - start
     assert isinstance(info.value, multiprocessing.TimeoutError)  # what AsyncVectorEnv raises, too
+    assert "envs 2..3" in str(info.value)  # the hung worker, by its envs
     assert 0.4 < elapsed < 5, elapsed
     # The vector env is broken, and says so at once, without waiting again.
     start = time.monotonic()

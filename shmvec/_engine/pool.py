@@ -173,10 +173,14 @@ class WorkerPool:
         if self.cycle.phase is CLOSED:  # close() ran during the wait (a signal handler's): it ended the workers
             raise self.cycle.closed_error()
         if code < 0:
+            # The workers still busy with the command (none in async mode, which posts none).
+            hung = ", ".join(f"worker {w} (envs {self.worker_rows[w].start}..{self.worker_rows[w].stop - 1})"
+                             for w in self.channel.busy_workers())
+            hung = f": {hung}" if hung else ""
             self.cycle.break_(
                 f"a shmvec command timed out after {self.timeout} s; the vector env can only be closed")
             raise ShmVecTimeoutError(
-                f"shmvec workers did not answer within timeout={self.timeout} s "
+                f"shmvec workers did not answer within timeout={self.timeout} s{hung} "
                 "(an env may hang); close() the vector env"
             )
         worker = code - 1
