@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -331,6 +332,19 @@ def test_env_that_breaks_its_contract(kind, bad_row, closing):
     # Like any env error: a reset is needed before stepping again.
     with pytest.raises(RuntimeError, match="reset"):
         envs.step(np.zeros(4, np.int64))
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_an_unpicklable_factory_is_named(start_method):
+    lock = threading.Lock()
+
+    def factory():
+        assert lock
+        return FaultEnv()
+
+    with pytest.raises(TypeError, match=r"env_fns\[2\] cannot be pickled.*lock"):
+        shmvec.ShmVecEnv([FaultEnv, FaultEnv, factory, FaultEnv], num_workers=1, caller_steps=False,
+                         start_method=start_method)
 
 
 def test_contract_errors_name_the_offending_value(closing):

@@ -40,6 +40,24 @@ from shmvec.errors import ShmVecError, WorkerDiedError, warn_performance
 __all__ = ["Engine", "CLOSE_GRACE_S"]
 
 
+def _pickled_factories(env_fns, rows: range) -> bytes:
+    """A worker's env factories, as it receives them (pickled under every
+    start method: a restart rebuilds them from these bytes)."""
+    try:
+        return cloudpickle.dumps([env_fns[i] for i in rows])
+    except Exception as exc:
+        for i in rows:  # which one
+            try:
+                cloudpickle.dumps(env_fns[i])
+            except Exception:
+                raise TypeError(
+                    f"env_fns[{i}] cannot be pickled for its worker process ({type(exc).__name__}: {exc}); "
+                    "shmvec pickles env factories (cloudpickle: lambdas and closures work) under every start "
+                    "method, fork included: make unpicklable objects (locks, open files, sockets) inside the "
+                    "factory") from exc
+        raise
+
+
 def _create_arena_file(fds: list[int], size: int) -> None:
     """The arena's memfd, into the pool's fds (where shutdown closes it)."""
     fds[1] = _core.create_shared_file(size)
@@ -160,7 +178,7 @@ class Engine(CommandRunner):
         self._boot = _core.Mapping(self.pool.fds[1], fixed)
         self._channel = _core.FrontChannel(self._boot, w, REQUEST_CAPACITY, REPLY_CAPACITY, True)
         self.transport = Transport(self._channel, self._boot, w, self.pool.wait)
-        factories = [cloudpickle.dumps([env_fns[i] for i in rows]) for rows in self.worker_rows]
+        factories = [_pickled_factories(env_fns, rows) for rows in self.worker_rows]
         self.pool.start(self._channel, fixed, factories, pin_workers, leave_free, busy_cpus)
         if w:
             self._channel.post(list(range(w)), P.DESCRIBE)
