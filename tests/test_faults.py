@@ -24,6 +24,7 @@ from fault_envs import (
     GATE,
     HANG,
     KILL,
+    OK,
     RAISE,
     Boom,
     CloseRecorder,
@@ -328,6 +329,16 @@ def test_hung_env_times_out_and_close_terminate_is_prompt(layout, closing):
     elapsed = time.monotonic() - start
     assert wait_gone(pids) == []
     assert elapsed < 3, f"close(terminate=True) took {elapsed:.1f} s to kill a hung worker"
+
+
+def test_hung_env_in_async_mode_times_out_naming_its_worker(closing):
+    envs = make_envs(num_workers=2, caller_steps=False, timeout=0.5, batch_size=2)
+    closing(envs)
+    envs.async_reset(seed=0)
+    envs.recv(), envs.recv()
+    envs.send(np.array([OK, HANG]), np.array([2, 3]))  # env 3 sleeps 60 s
+    with pytest.raises(TimeoutError, match=r"worker 1 \(envs 2\.\.3\)"):
+        envs.recv()
 
 
 def test_hung_call_times_out(closing):

@@ -104,7 +104,8 @@ class AsyncSteps:
         code = self._channel.recv(count, pool.sentinels, pool.timeout, into)
         if code != 0 and pool.restart and self._restart():
             return
-        pool.check_wait(code)
+        if code != 0:
+            pool.check_wait(code, self._workers_in_flight())
 
     def take_batch(self, count: int, finished: _core.RowQueue, in_flight: np.ndarray, sources: list,
                    front: Any) -> tuple | None:
@@ -118,7 +119,7 @@ class AsyncSteps:
         taken = self._channel.take_batch(count, pool.sentinels, pool.timeout, finished, in_flight, sources,
                                          info.flags, info.columns, front)
         if type(taken) is int:
-            pool.check_wait(taken)  # raises
+            pool.check_wait(taken, self._workers_in_flight())  # raises
         return taken
 
     def _step_own(self, count: int) -> None:
@@ -155,6 +156,11 @@ class AsyncSteps:
             return False
         self._engine.restart_failed()
         return True
+
+    def _workers_in_flight(self) -> list[int]:
+        """Workers with envs sent and not yet finished (those a timeout names)."""
+        progress = self._channel.async_progress()[:self._engine.num_workers]
+        return [w for w, (_, left) in enumerate(progress) if left]
 
     def _progress_hung(self, now: float) -> list[int]:
         """Notes when each worker last finished an env (or had none in

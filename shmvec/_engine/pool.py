@@ -165,17 +165,18 @@ class WorkerPool:
             raise still_pending(call_timeout)
         self.check_wait(code)
 
-    def check_wait(self, code: int) -> None:
+    def check_wait(self, code: int, busy: list[int] | None = None) -> None:
         """Turns a failed wait into TimeoutError or WorkerDiedError (and a
-        broken cycle)."""
+        broken cycle). `busy`: the workers a timeout names (by default those
+        that have not completed the command; async mode posts none)."""
         if code == 0:
             return
         if self.cycle.phase is CLOSED:  # close() ran during the wait (a signal handler's): it ended the workers
             raise self.cycle.closed_error()
         if code < 0:
-            # The workers still busy with the command (none in async mode, which posts none).
+            busy = self.channel.busy_workers() if busy is None else busy
             hung = ", ".join(f"worker {w} (envs {self.worker_rows[w].start}..{self.worker_rows[w].stop - 1})"
-                             for w in self.channel.busy_workers())
+                             for w in busy)
             hung = f": {hung}" if hung else ""
             self.cycle.break_(
                 f"a shmvec command timed out after {self.timeout} s; the vector env can only be closed")
