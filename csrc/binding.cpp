@@ -585,6 +585,11 @@ PYBIND11_MODULE(_core, m) {
     for (Mapping* m : all_mappings()) m->unmap();
   }, "Unmaps every arena mapping of this process for good (the objects stay, empty): for a "
      "worker made by fork, whose inherited mappings are its parent's, before it maps its own.");
+  m.def("check_info", [](py::ssize_t row, py::handle info, const std::string& call) {
+    check_info(row, info, call.c_str());
+  }, py::arg("row"), py::arg("info"), py::arg("call"),
+     "Raises TypeError naming env `row` unless `info`, returned by its `call` (\"step\" or \"reset\"), is a "
+     "dict or a mapping.");
   m.def("run_holding_interrupt", [](const py::function& fn, const py::args& args) {
     // A Ctrl-C that came before is raised here, fn not called; one during fn
     // waits for it to return (a second stops it: see platform::hold_interrupt).

@@ -76,17 +76,6 @@ py::tuple unpack(py::handle result, size_t n, py::ssize_t row, const char* metho
   throw py::error_already_set();
 }
 
-// An info must be a dict, or a mapping VectorEnv._add_info can read (None
-// would pass for "no info" in a step's record).
-void check_info(py::ssize_t row, py::handle info, const char* call) {
-  if (PyDict_Check(info.ptr()) || PyObject_HasAttrString(info.ptr(), "items")) return;
-  std::string shown = py::repr(info);
-  if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
-  PyErr_SetString(PyExc_TypeError, ("env " + std::to_string(row) + ": " + call + "() returned info " + shown +
-                                    ", expected a dict").c_str());
-  throw py::error_already_set();
-}
-
 // Flags on an action code (ACTION_AS_PYTHON and ACTION_AS_GIVEN in
 // shmvec._engine.layout).
 constexpr uint8_t kActionAsPython = 0x80;
@@ -95,6 +84,15 @@ constexpr uint8_t kActionAsGiven = 0x40;
 bool is_empty_dict(py::handle obj) { return PyDict_Check(obj.ptr()) && PyDict_GET_SIZE(obj.ptr()) == 0; }
 
 }  // namespace
+
+void check_info(py::ssize_t row, py::handle info, const char* call) {
+  if (PyDict_Check(info.ptr()) || PyObject_HasAttrString(info.ptr(), "items")) return;
+  std::string shown = py::repr(info);
+  if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+  PyErr_SetString(PyExc_TypeError, ("env " + std::to_string(row) + ": " + call + "() returned info " + shown +
+                                    ", expected a dict").c_str());
+  throw py::error_already_set();
+}
 
 Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
                  py::array action_codes, py::object action_builder, py::list obs_leaves,

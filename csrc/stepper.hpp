@@ -27,6 +27,11 @@ struct ArrayLeaf {
   py::ssize_t itemsize = 0;
 };
 
+// Raises TypeError naming env `row` unless `info` (returned by its `call`,
+// "step" or "reset") is a dict, or a mapping VectorEnv._add_info can read:
+// None would otherwise pass for "no info".
+void check_info(py::ssize_t row, py::handle info, const char* call);
+
 class Stepper {
  public:
   // envs: this slice's envs, rows first_row .. first_row + len(envs) - 1.

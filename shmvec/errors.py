@@ -69,6 +69,11 @@ class ShmVecTimeoutError(multiprocessing.TimeoutError, TimeoutError):
     code written for either catches it."""
 
 
+def describe_worker(worker: int, env_indices: range) -> str:
+    """How errors name a worker: by its index and its envs."""
+    return f"shmvec worker {worker} (envs {env_indices.start}..{env_indices.stop - 1})"
+
+
 class WorkerDiedError(ShmVecError):
     """A worker process exited or was killed while the front end needed it."""
 
@@ -80,8 +85,7 @@ class WorkerDiedError(ShmVecError):
             f"{self._who()} died ({describe_exit(exitcode)}); close this vector env and create a new one"))
 
     def _who(self) -> str:
-        rows = self.env_indices
-        return f"shmvec worker {self.worker} (envs {rows.start}..{rows.stop - 1})"
+        return describe_worker(self.worker, self.env_indices)
 
     @classmethod
     def while_starting(cls, error: WorkerDiedError, start_method: str) -> WorkerDiedError:

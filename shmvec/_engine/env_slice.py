@@ -124,8 +124,7 @@ class EnvSlice:
             if not isinstance(result, tuple) or len(result) != 2:
                 raise ValueError(f"env {row}: reset() must return (obs, info), got {type(result).__name__}")
             obs, info = result
-            if not isinstance(info, dict) and not hasattr(info, "items"):  # as Stepper's check_info
-                raise TypeError(f"env {row}: reset() returned info {info!r:.80}, expected a dict")
+            _core.check_info(row, info, "reset")
             objects = self.stepper.write_observation(row, obs)
             self.stepper.reset_done(row)
             if info or objects is not None:

@@ -23,7 +23,7 @@ from shmvec._engine.system import PARENT_ONLY_FDS
 from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY
 from shmvec._engine.worker import CLOSE_GRACE_S, FdHandle, WorkerSpec
 from shmvec._engine.worker import main as worker_main
-from shmvec.errors import ShmVecTimeoutError, WorkerDiedError, describe_exit
+from shmvec.errors import ShmVecTimeoutError, WorkerDiedError, describe_exit, describe_worker
 
 __all__ = ["WorkerPool", "CLOSE_GRACE_S", "still_pending", "live_worker_pids"]
 
@@ -175,9 +175,7 @@ class WorkerPool:
             raise self.cycle.closed_error()
         if code < 0:
             busy = self.channel.busy_workers() if busy is None else busy
-            hung = ", ".join(f"worker {w} (envs {self.worker_rows[w].start}..{self.worker_rows[w].stop - 1})"
-                             for w in busy)
-            hung = f": {hung}" if hung else ""
+            hung = "".join(f", {describe_worker(w, self.worker_rows[w])}" for w in busy)
             self.cycle.break_(
                 f"a shmvec command timed out after {self.timeout} s; the vector env can only be closed")
             raise ShmVecTimeoutError(
