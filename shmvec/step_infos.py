@@ -21,15 +21,22 @@ from shmvec._gym_compat import VectorEnv
 __all__ = ["vectorize", "vectorize_batch"]
 
 
-class _InfoBatch(VectorEnv):
-    """VectorEnv._add_info (and what it calls) for a batch of `num_envs`
-    rows (async results); not a vector env otherwise."""
+class _InfoBatch:
+    """VectorEnv._add_info (and, under Gymnasium 0.29, the _init_info_arrays
+    it calls) for a batch of `num_envs` rows (async results). Not a
+    VectorEnv subclass: 0.29's VectorEnv has a __del__, which would run as
+    every batch ends, a point where Python drops a Ctrl-C ("Exception
+    ignored in")."""
+
+    _add_info = VectorEnv._add_info
+    if hasattr(VectorEnv, "_init_info_arrays"):
+        _init_info_arrays = VectorEnv._init_info_arrays
 
     def __init__(self, num_envs: int):
         self.num_envs = num_envs
 
 
-def _add_env_infos(target: VectorEnv, infos: dict[str, Any], row: int, info: dict | None,
+def _add_env_infos(target: VectorEnv | _InfoBatch, infos: dict[str, Any], row: int, info: dict | None,
                    ended: bool = False, final_obs: Any = None, final_info: Any = None) -> dict[str, Any]:
     """Adds one env's infos of a step to the batch's as SyncVectorEnv does,
     with the final observation and info of an episode that ended in it."""
@@ -41,7 +48,7 @@ def _add_env_infos(target: VectorEnv, infos: dict[str, Any], row: int, info: dic
     return infos
 
 
-def _add_row(target: VectorEnv, infos: dict[str, Any], io: BatchIO, position: int, row: int,
+def _add_row(target: VectorEnv | _InfoBatch, infos: dict[str, Any], io: BatchIO, position: int, row: int,
              record: StepRecord | None, columns: InfoColumns | None) -> dict[str, Any]:
     """Adds env `row`'s infos of a step, at `position` of the batch: from its
     record (storing its observation leaves without a fixed shape in `io`)

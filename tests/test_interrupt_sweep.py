@@ -18,6 +18,7 @@ SIGINTs at random moments."""
 
 from __future__ import annotations
 
+import gc
 import signal
 import sys
 
@@ -196,6 +197,45 @@ def test_ctrl_c_at_every_point_of_recv_and_send_loses_no_env(num_workers, mode, 
     # recv()s are one native call each, with few points around them: 48-61
     # calls are cut short (Python 3.10 and 3.11), 124 without workers.
     assert interrupted >= 30, interrupted
+
+
+@pytest.mark.parametrize("mode", AUTORESETTING_MODES, ids=mode_id)
+@pytest.mark.parametrize("call", ["step", "recv"])
+def test_no_finalizer_runs_inside_a_step(call, mode, closing):
+    """Python drops a KeyboardInterrupt raised inside a __del__ ("Exception
+    ignored in"), so a finalizer that runs inside shmvec's call is a point
+    where a Ctrl-C would be lost, not raised (Gymnasium 0.29's VectorEnv
+    has a __del__: a VectorEnv made and dropped in every batch was one)."""
+    num_envs = 4
+    envs = shmvec.ShmVecEnv(cartpoles(num_envs), num_workers=1, start_method="fork",
+                            batch_size=2 if call == "recv" else None, **autoreset_kwargs(mode))
+    closing(envs)
+    finalizers = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "__del__":
+            finalizers.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+
+    ended = 0
+    ids = np.arange(num_envs)
+    envs.async_reset(seed=3) if call == "recv" else envs.reset(seed=3)
+    for t in range(300):
+        gc.disable()  # the collector's finalizers are other objects', at any call
+        sys.setprofile(profile)
+        try:
+            if call == "recv":
+                _, _, terminations, truncations, infos = envs.recv()
+                ids = infos["env_id"]
+            else:
+                _, _, terminations, truncations, _ = envs.step(actions(t, num_envs))
+        finally:
+            sys.setprofile(None)
+            gc.enable()
+        ended += int(terminations.sum() + truncations.sum())
+        if call == "recv":
+            envs.send(np.array([action(t, i) for i in ids]), ids)
+    assert ended > 10  # episodes ended: their final observations and infos were built
+    assert finalizers == []
 
 
 def test_ctrl_c_at_every_point_of_an_sb3_step_wait_loses_no_step(default_sigint, closing):
