@@ -10,6 +10,7 @@ import functools
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -244,7 +245,10 @@ def test_set_attr_sets_the_outermost_wrapper_as_dummy_does(closing):
     venv, ref = closing(make("shmvec", fns)), closing(make("dummy", fns))
     for v in (venv, ref):
         v.set_attr("force_mag", 100.0, indices=[0, -1])
-    assert venv.get_attr("force_mag") == ref.get_attr("force_mag") == [100.0, 10.0, 10.0, 100.0]
+    with warnings.catch_warnings():  # SB3 < 2.4 reads it through Gymnasium 0.29's deprecated wrapper getattr
+        warnings.simplefilter("ignore", UserWarning)
+        expected = ref.get_attr("force_mag")
+    assert venv.get_attr("force_mag") == expected == [100.0, 10.0, 10.0, 100.0]
     run_lockstep(venv, ref, steps=100)
 
 
@@ -286,7 +290,8 @@ def test_attributes_and_methods_with_indices(kind, closing):
     assert venv.get_attr("label", indices=2) == ["abcdef"]
     assert venv.env_method("scaled", 2, indices=[1, 0]) == [6, 10]
     assert venv.env_method("scaled", 1, offset=1) == [6, 4, 7, 7]
-    assert venv.has_attr("scaled") and not venv.has_attr("missing")
+    if kind == "shmvec" or hasattr(venv, "has_attr"):  # SB3's own from 2.4 on
+        assert venv.has_attr("scaled") and not venv.has_attr("missing")
     with pytest.raises(IndexError):
         venv.get_attr("label", indices=N)
 
