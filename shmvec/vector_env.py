@@ -1,6 +1,6 @@
 """The Gymnasium front end: ``shmvec.ShmVecEnv``, a drop-in
 ``gymnasium.vector.VectorEnv`` whose envs step in shared-memory workers.
-What differs between Gymnasium 0.29.1 and 1.x is in ``shmvec._gym_compat``."""
+What differs between Gymnasium 0.29.1, 1.0 and 1.1+ is in ``shmvec._gym_compat``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _check_observation_mode(mode: Any) -> str | tuple[Space, Space]:
     """SyncVectorEnv's observation_mode: "same", "different", or a pair
     (batched space, single space)."""
     if isinstance(mode, tuple) and len(mode) == 2:
-        compat.require_gymnasium_1("observation_mode=(batched space, single space)")
+        compat.require_gymnasium("observation_mode=(batched space, single space)", "1.0")
         if not isinstance(mode[0], Space) or not isinstance(mode[1], Space):
             raise TypeError(
                 f"Expected both elements of observation_mode to be Spaces, got {type(mode[0])} and {type(mode[1])}"
@@ -38,7 +38,7 @@ def _check_observation_mode(mode: Any) -> str | tuple[Space, Space]:
         return mode
     if isinstance(mode, str) and mode in ("same", "different"):
         if mode == "different":
-            compat.require_gymnasium_1("observation_mode='different'")
+            compat.require_gymnasium("observation_mode='different'", "1.0")
         return mode
     raise ValueError(
         "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and batch "
@@ -75,8 +75,9 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         start_method: ``"forkserver"`` (default, with numpy and gymnasium
             preloaded), ``"fork"`` or ``"spawn"``.
         autoreset_mode: an ``AutoresetMode`` or its value as a string
-            (Gymnasium 1.x; ``NEXT_STEP`` by default). Under Gymnasium 0.29
-            envs always reset in the step that ends their episode, with
+            (Gymnasium 1.1+; ``NEXT_STEP`` by default). Under Gymnasium 1.0
+            envs always reset in the step after the one that ends their
+            episode; under 0.29 in the step that ends it, with
             ``infos["final_observation"]`` and ``infos["final_info"]``.
         copy: return observations the caller owns (``True``) or views into
             shared memory that the next step overwrites (``False``).
@@ -247,7 +248,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             if not isinstance(options, dict):
                 raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
             if "reset_mask" in options:
-                compat.require_gymnasium_1("options['reset_mask']")
+                compat.require_gymnasium("options['reset_mask']", "1.1")
                 options = dict(options)
                 mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs)
         self._engine.begin_reset(seeds, options, mask)

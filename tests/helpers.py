@@ -8,12 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shmvec._gym_compat import GYMNASIUM_1, GYMNASIUM_VERSION, AutoresetMode
+from shmvec._gym_compat import AUTORESET_MODES, GYMNASIUM_1, GYMNASIUM_VERSION, AutoresetMode, autoreset_mode
 
-# The autoreset modes to compare in: Gymnasium 1.x's three; under 0.29 its
-# only behaviour (same-step, with final_observation), asked for by None.
-MODES = list(AutoresetMode) if GYMNASIUM_1 else [None]
-SAME_STEP = AutoresetMode.SAME_STEP if GYMNASIUM_1 else None
+# The autoreset modes to compare in: Gymnasium 1.1's three; before 1.1 the
+# installed version's only behaviour (0.29: same-step, with
+# final_observation; 1.0: next-step), which no keyword asks for.
+MODES = list(AutoresetMode) if AUTORESET_MODES else [autoreset_mode(None)]
+SAME_STEP = AutoresetMode.SAME_STEP
 AUTORESETTING_MODES = [m for m in MODES if m is not AutoresetMode.DISABLED]
 FINAL_OBS = "final_obs" if GYMNASIUM_1 else "final_observation"
 
@@ -24,7 +25,7 @@ def mode_id(mode: AutoresetMode | None) -> str:
 
 def autoreset_kwargs(mode: AutoresetMode | None) -> dict[str, Any]:
     """The vector env keywords for autoreset `mode` (None: the default)."""
-    return {} if mode is None else {"autoreset_mode": mode}
+    return {"autoreset_mode": mode} if mode is not None and AUTORESET_MODES else {}
 
 
 def sync_pair(fns: list, mode: AutoresetMode | None = None, **kwargs: Any) -> tuple:
@@ -42,11 +43,23 @@ def needs_gymnasium_1(what: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(not GYMNASIUM_1, reason=f"{what}: Gymnasium 1.x only (installed: {GYMNASIUM_VERSION})")
 
 
-def skip_unless_gymnasium_1(what: str) -> None:
-    """Skips the calling test module under Gymnasium 0.29 (call it before
-    importing names only 1.x has)."""
-    if not GYMNASIUM_1:
-        pytest.skip(f"{what}: Gymnasium 1.x only (installed: {GYMNASIUM_VERSION})", allow_module_level=True)
+def needs_autoreset_modes(what: str) -> pytest.MarkDecorator:
+    """Skips a test under Gymnasium 0.29 and 1.0: `what` came in 1.1
+    (autoreset_mode, options["reset_mask"])."""
+    return pytest.mark.skipif(not AUTORESET_MODES,
+                              reason=f"{what}: Gymnasium 1.1+ only (installed: {GYMNASIUM_VERSION})")
+
+
+# Tests of same-step autoreset run where the installed Gymnasium has it: not 1.0.
+needs_same_step = pytest.mark.skipif(SAME_STEP not in MODES,
+                                     reason=f"same-step autoreset: not in Gymnasium {GYMNASIUM_VERSION}")
+
+
+def skip_unless_gymnasium(what: str, since: str) -> None:
+    """Skips the calling test module under a Gymnasium older than `since`,
+    "1.0" or "1.1" (call it before importing names only those have)."""
+    if not GYMNASIUM_1 or (since == "1.1" and not AUTORESET_MODES):
+        pytest.skip(f"{what}: Gymnasium {since}+ only (installed: {GYMNASIUM_VERSION})", allow_module_level=True)
 
 
 def _zero_dim(x: Any) -> Any:

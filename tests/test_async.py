@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import SyncVectorEnv
-from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id, needs_gymnasium_1
+from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes
 
 import shmvec
 from shmvec import _core
@@ -239,7 +239,7 @@ def test_the_callers_own_envs_keep_stepping_when_the_workers_keep_ahead(closing)
     assert received[own.start:own.stop].min() >= 5, received
 
 
-@needs_gymnasium_1("autoreset_mode DISABLED")
+@needs_autoreset_modes("autoreset_mode DISABLED")
 def test_disabled_autoreset_is_refused():
     with pytest.raises(ValueError, match="DISABLED"):
         shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, batch_size=2, autoreset_mode="Disabled")

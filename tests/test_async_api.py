@@ -18,7 +18,7 @@ from fault_envs import GATE, FaultEnv, actions_for
 from gymnasium import spaces
 from gymnasium.error import AlreadyPendingCallError, NoAsyncCallError
 from gymnasium.vector import SyncVectorEnv
-from helpers import FINAL_OBS, SAME_STEP, assert_same, needs_gymnasium_1, run_lockstep, sync_pair
+from helpers import FINAL_OBS, SAME_STEP, assert_same, needs_gymnasium_1, needs_same_step, run_lockstep, sync_pair
 
 import shmvec
 from shmvec.testing import SpacesEnv
@@ -206,6 +206,7 @@ class PlainObjectsEnv(gym.Env):
         return (self.t, np.full(2, self.t, np.int64)), 1.0, self.t >= 2 + int(action), False, {}
 
 
+@needs_same_step
 @pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (2, False)])
 def test_same_step_final_obs_is_the_envs_own_object(num_workers, caller_steps, closing):
     fns = [PlainObjectsEnv] * 4

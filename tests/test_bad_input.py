@@ -17,7 +17,7 @@ import pytest
 from fault_envs import CastEnv, ContractEnv, FaultEnv, descendants, wait_gone
 from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
-from helpers import MODES, assert_same, mode_id, needs_gymnasium_1, run_lockstep, sync_pair
+from helpers import MODES, assert_same, mode_id, needs_autoreset_modes, run_lockstep, sync_pair
 
 import shmvec
 from shmvec._gym_compat import AutoresetMode
@@ -251,7 +251,7 @@ BAD_MASKS = {
 }
 
 
-@needs_gymnasium_1("options['reset_mask']")
+@needs_autoreset_modes("options['reset_mask']")
 @pytest.mark.parametrize("mask", sorted(BAD_MASKS))
 def test_bad_reset_masks_like_sync(mask, closing):
     fns = [functools.partial(SpacesEnv, spaces.Box(-1, 1, (2,), np.float32), spaces.Discrete(3))] * 3
@@ -400,7 +400,7 @@ def test_casts_like_sync(case, mode, closing):
 # -- DISABLED autoreset ---------------------------------------------------------------------------
 
 
-@needs_gymnasium_1("autoreset_mode DISABLED")
+@needs_autoreset_modes("autoreset_mode DISABLED")
 @pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (2, False)])
 def test_disabled_autoreset_refuses_stepping_finished_envs(num_workers, caller_steps, closing):
     fns = [functools.partial(ContractEnv, i, -1, "") for i in range(4)]  # truncated every 4 steps

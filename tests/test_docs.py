@@ -6,10 +6,10 @@ import doctest
 import importlib
 
 import pytest
-from helpers import needs_gymnasium_1
+from helpers import needs_autoreset_modes
 
 MODULES = ["shmvec.vector_env", "shmvec.make", "shmvec.sb3",
-           pytest.param("shmvec.ray.errors", marks=needs_gymnasium_1("shmvec.ray"))]
+           pytest.param("shmvec.ray.errors", marks=needs_autoreset_modes("shmvec.ray"))]
 
 
 @pytest.mark.parametrize("name", MODULES)

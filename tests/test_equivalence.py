@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
-from helpers import MODES, SAME_STEP, assert_same, mode_id, needs_gymnasium_1, run_lockstep, sync_pair
+from helpers import MODES, SAME_STEP, assert_same, mode_id, needs_autoreset_modes, run_lockstep, sync_pair
 
 import shmvec
-from shmvec._gym_compat import GYMNASIUM_1, AutoresetMode
+from shmvec._gym_compat import AUTORESET_MODES, GYMNASIUM_1, AutoresetMode
 from shmvec.testing import SpacesEnv
 
 
@@ -113,7 +113,7 @@ def test_reset_seeds_and_options(closing):
         assert_same(envs.reset(**kwargs), ref.reset(**kwargs), str(kwargs))
 
 
-@needs_gymnasium_1("options['reset_mask']")
+@needs_autoreset_modes("options['reset_mask']")
 def test_reset_masks(closing):
     envs, ref = pair(spaces_env("dict"), 4, num_workers=1, start_method="fork")
     closing(envs), closing(ref)
@@ -198,9 +198,9 @@ def test_attributes_match_sync(closing):
     assert envs.observation_space == ref.observation_space
     assert envs.action_space == ref.action_space
     assert envs.metadata == ref.metadata
-    if GYMNASIUM_1:
+    if AUTORESET_MODES:
         assert envs.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP
-    else:
+    if not GYMNASIUM_1:
         assert envs.is_vector_env is ref.is_vector_env is True
     assert envs.render_mode == ref.render_mode
     envs.spec = ref.spec = gym.spec("CartPole-v1")
@@ -210,7 +210,7 @@ def test_attributes_match_sync(closing):
     assert envs.single_observation_space.high[0] == 5
 
 
-@needs_gymnasium_1("autoreset_mode")
+@needs_autoreset_modes("autoreset_mode")
 def test_autoreset_mode_strings():
     for value in ["NextStep", "SameStep", "Disabled", "same_step"]:
         envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")], num_workers=0)
@@ -294,7 +294,7 @@ def test_observations_without_a_fixed_shape_are_copies(num_workers, caller_steps
     assert envs.results[0][0][0].tolist() == [0.0, 0.0]
 
 
-@needs_gymnasium_1("reset_mask")
+@needs_autoreset_modes("reset_mask")
 def test_masked_reset_hands_out_copies_of_the_kept_observations(closing):
     envs, ref = pair(HeldBufferEnv, 2, AutoresetMode.DISABLED, num_workers=2, caller_steps=False,
                      start_method="fork")

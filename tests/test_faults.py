@@ -46,7 +46,7 @@ from fault_envs import (
     worker_pids,
 )
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
-from helpers import needs_gymnasium_1
+from helpers import needs_autoreset_modes
 
 import shmvec
 from shmvec._engine.worker import CLOSE_GRACE_S
@@ -144,7 +144,7 @@ def test_env_raises_in_reset(layout, closing):
     check_usable_after_error(envs)
 
 
-@needs_gymnasium_1("options['reset_mask']")
+@needs_autoreset_modes("options['reset_mask']")
 def test_env_raises_in_masked_reset_of_a_worker_env(closing):
     envs = make_envs(num_workers=1, caller_steps=True)
     closing(envs)

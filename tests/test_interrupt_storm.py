@@ -17,9 +17,9 @@ import sys
 import time
 
 import pytest
-from helpers import skip_unless_gymnasium_1
+from helpers import skip_unless_gymnasium
 
-skip_unless_gymnasium_1("the storm's loop picks its autoreset mode")
+skip_unless_gymnasium("the storm's loop picks its autoreset mode", "1.1")
 # Before 3.11 Python raises a SIGINT also as a function returns into its
 # caller. shmvec keeps a result until its call has returned it (see
 # tests/test_interrupt_sweep.py), but a SIGINT as step() returns into the

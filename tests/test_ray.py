@@ -12,9 +12,9 @@ import sys
 import threading
 import time
 
-from helpers import skip_unless_gymnasium_1
+from helpers import skip_unless_gymnasium
 
-skip_unless_gymnasium_1("shmvec.ray (RayVecEnv)")
+skip_unless_gymnasium("shmvec.ray (RayVecEnv)", "1.1")
 
 import gymnasium as gym
 import numpy as np

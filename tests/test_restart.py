@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fault_envs import HANG, KILL, Boom, FailsOnceMarked, FaultEnv
 from gymnasium.vector import SyncVectorEnv
-from helpers import FINAL_OBS, MODES, SAME_STEP, assert_same, mode_id, sync_pair
+from helpers import FINAL_OBS, MODES, SAME_STEP, assert_same, autoreset_kwargs, mode_id, sync_pair
 
 import shmvec
 from shmvec._gym_compat import AutoresetMode
@@ -227,7 +227,7 @@ def check_async_stream(envs, steps: int, fault_at: int, fault_env: int, fault: i
 @pytest.mark.parametrize("mode", ASYNC_MODES, ids=mode_id)
 def test_async_dead_worker_is_replaced(mode):
     envs = shmvec.ShmVecEnv([FaultEnv] * 6, batch_size=2, num_workers=3, start_method="fork",
-                            autoreset_mode=mode, restart_failed_workers=True)
+                            restart_failed_workers=True, **autoreset_kwargs(mode))
     try:
         reports = check_async_stream(envs, 60, fault_at=10, fault_env=2, fault=KILL, mode=mode, reports_due=2)
         assert envs._engine.restarts == 1

@@ -14,9 +14,9 @@ import tempfile
 
 import gymnasium as gym
 import pytest
-from helpers import init_local_ray, skip_unless_gymnasium_1
+from helpers import init_local_ray, skip_unless_gymnasium
 
-skip_unless_gymnasium_1("shmvec.ray.register_rllib_env")
+skip_unless_gymnasium("shmvec.ray.register_rllib_env", "1.1")
 try:
     import ray
     from ray.rllib.algorithms.ppo import PPOConfig

@@ -6,23 +6,23 @@ from __future__ import annotations
 
 import functools
 
-from helpers import skip_unless_gymnasium_1
+from helpers import skip_unless_gymnasium
 
-skip_unless_gymnasium_1("Gymnasium's vector wrappers (gymnasium.wrappers.vector)")
+skip_unless_gymnasium("Gymnasium's vector wrappers (gymnasium.wrappers.vector)", "1.0")
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import SyncVectorEnv
 from gymnasium.wrappers import vector as wrappers
-from helpers import run_lockstep
+from helpers import MODES, autoreset_kwargs, needs_autoreset_modes, run_lockstep
 
 import shmvec
+from shmvec._gym_compat import AutoresetMode
 from shmvec.testing import SpacesEnv
 
 N = 3
-MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
 
 def env(observation_space, action_space):
@@ -78,8 +78,8 @@ def test_wrapper_same_as_on_sync(name, mode, frozen_clock):
         pytest.skip("SyncVectorEnv consumes reset_mask before the wrapper sees it")
     make, wrap = WRAPPERS[name]
     fns = [make] * N
-    sync = SyncVectorEnv(fns, autoreset_mode=mode)
-    envs = shmvec.ShmVecEnv(fns, autoreset_mode=mode, num_workers=1, start_method="fork")
+    sync = SyncVectorEnv(fns, **autoreset_kwargs(mode))
+    envs = shmvec.ShmVecEnv(fns, **autoreset_kwargs(mode), num_workers=1, start_method="fork")
     try:
         try:
             ref = wrap(sync)
@@ -107,6 +107,7 @@ def test_record_episode_statistics_counts_episodes_on_shmvec():
     assert all(5 <= r <= 20 for r in returns)
 
 
+@needs_autoreset_modes("options['reset_mask']")
 def test_episode_statistics_survive_partial_resets():
     envs = wrappers.RecordEpisodeStatistics(shmvec.ShmVecEnv(
         [lambda: gym.make("CartPole-v1")] * N, autoreset_mode=AutoresetMode.DISABLED, num_workers=1,

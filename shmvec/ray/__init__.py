@@ -13,10 +13,10 @@ actors, their deaths and restarts), ``actor`` (inside an actor), ``scheduler``
 infos between actors and the caller), ``restarts``, ``errors``, ``rllib``.
 """
 
-from shmvec._gym_compat import require_gymnasium_1
+from shmvec._gym_compat import require_gymnasium
 from shmvec.errors import import_extra
 
-require_gymnasium_1("shmvec.ray (RayVecEnv, register_rllib_env)", ImportError)
+require_gymnasium("shmvec.ray (RayVecEnv, register_rllib_env)", "1.1", ImportError)
 import_extra("ray", "shmvec.ray", "Ray", "ray")
 
 from shmvec.ray.errors import ActorDiedError  # noqa: E402
