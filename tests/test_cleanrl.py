@@ -6,7 +6,7 @@ seed: the one-line swap works on CleanRL as it ships.
 from vwxyzjn/cleanrl at commit fe8d8a03, unchanged except for one marked
 edit that makes the vector env class selectable (``CLEANRL_VECTOR_ENV``).
 CleanRL pins ``gymnasium==0.29.1`` and its loop reads 0.29's
-``infos["final_info"]``, so this runs under 0.29 (``.ci/gym029-check``), with
+``infos["final_info"]``, so this runs under 0.29 (``.ci/gymnasium-lines-check``), with
 CleanRL's own dependencies tyro and tensorboard.
 """
 

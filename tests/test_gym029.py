@@ -13,7 +13,7 @@ import pytest
 from shmvec._gym_compat import GYMNASIUM_1
 
 if GYMNASIUM_1:
-    pytest.skip("Gymnasium 0.29's vector API: these run under gymnasium==0.29.1 (.ci/gym029-check)",
+    pytest.skip("Gymnasium 0.29's vector API: these run under gymnasium==0.29.1 (.ci/gymnasium-lines-check)",
                 allow_module_level=True)
 
 import gymnasium as gym
