@@ -126,13 +126,13 @@ def test_dict_batches_and_actions_are_ordered_dicts(closing):
     run_lockstep(envs, ref, steps=20)
 
 
-@pytest.mark.parametrize("kwargs, feature", [
-    ({"autoreset_mode": "NextStep"}, "autoreset_mode='NextStep'"),
-    ({"autoreset_mode": "SameStep"}, "autoreset_mode='SameStep'"),
-    ({"observation_mode": "different"}, "observation_mode='different'"),
+@pytest.mark.parametrize("kwargs, feature, since", [
+    ({"autoreset_mode": "NextStep"}, "autoreset_mode='NextStep'", "1.1"),
+    ({"autoreset_mode": "SameStep"}, "autoreset_mode='SameStep'", "1.1"),
+    ({"observation_mode": "different"}, "observation_mode='different'", "1.0"),
 ])
-def test_1x_only_arguments_are_refused_naming_the_version(kwargs, feature):
-    with pytest.raises(ValueError, match=f"^{feature}.*gymnasium>=1.1.*installed gymnasium 0.29.1"):
+def test_1x_only_arguments_are_refused_naming_the_version(kwargs, feature, since):
+    with pytest.raises(ValueError, match=rf"^{feature} needs gymnasium>={since};.*installed gymnasium 0\.29\.1"):
         shmvec.ShmVecEnv(cartpoles(2), num_workers=0, **kwargs)
 
 
