@@ -83,8 +83,9 @@ def test_wrapper_same_as_on_sync(name, mode, frozen_clock):
     try:
         try:
             ref = wrap(sync)
-        except (ValueError, TypeError) as exc:  # a mode the wrapper does not support
-            with pytest.raises(type(exc), match="autoreset_mode"):
+        except (ValueError, TypeError, AssertionError) as exc:  # a mode the wrapper does not support
+            # (Gymnasium 1.1's wrappers assert it, without a message)
+            with pytest.raises(type(exc), match="autoreset_mode" if str(exc) else None):
                 wrap(envs)
             return
         run_lockstep(wrap(envs), ref, steps=50)
