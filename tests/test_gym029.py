@@ -1,7 +1,8 @@
 """Gymnasium 0.29.1's vector API (what CleanRL as it ships uses): shmvec
 behaves as 0.29's SyncVectorEnv, with 0.29's same-step autoreset infos,
-0.29's wrappers and VectorEnvWrapper, and refuses 1.x-only features by name.
-The rest of the suite checks the common contract under both lines."""
+0.29's wrappers and VectorEnvWrapper (1.x-only features are refused by name:
+tests/test_missing_features.py). The rest of the suite checks the common
+contract under every line."""
 
 from __future__ import annotations
 
@@ -124,29 +125,6 @@ def test_dict_batches_and_actions_are_ordered_dicts(closing):
     obs, _ = envs.reset(seed=0)
     assert type(obs) is type(ref.reset(seed=0)[0]) is collections.OrderedDict
     run_lockstep(envs, ref, steps=20)
-
-
-@pytest.mark.parametrize("kwargs, feature, since", [
-    ({"autoreset_mode": "NextStep"}, "autoreset_mode='NextStep'", "1.1"),
-    ({"autoreset_mode": "SameStep"}, "autoreset_mode='SameStep'", "1.1"),
-    ({"observation_mode": "different"}, "observation_mode='different'", "1.0"),
-])
-def test_1x_only_arguments_are_refused_naming_the_version(kwargs, feature, since):
-    with pytest.raises(ValueError, match=rf"^{feature} needs gymnasium>={since};.*installed gymnasium 0\.29\.1"):
-        shmvec.ShmVecEnv(cartpoles(2), num_workers=0, **kwargs)
-
-
-def test_reset_mask_is_refused_naming_the_version(closing):
-    envs = shmvec.ShmVecEnv(cartpoles(2), num_workers=0)
-    closing(envs)
-    with pytest.raises(ValueError, match=r"reset_mask.*gymnasium>=1\.1.*0\.29\.1"):
-        envs.reset(options={"reset_mask": np.array([True, False])})
-    envs.reset(seed=0)  # still usable
-
-
-def test_ray_front_end_is_refused_naming_the_version():
-    with pytest.raises(ImportError, match=r"shmvec\.ray.*gymnasium>=1\.1.*0\.29\.1"):
-        import shmvec.ray  # noqa: F401
 
 
 def test_sb3_front_end_works(closing):
