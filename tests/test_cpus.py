@@ -274,6 +274,62 @@ def test_shmvec_workers_are_not_counted_as_other_programs(idle_machine):
         hog.join()
 
 
+class _BusyThread:
+    """A thread of this process keeping a CPU busy without the GIL (hashlib
+    lets it go while it hashes), as torch's OpenMP threads do for up to
+    200 ms after each parallel op (Stable-Baselines3's import runs one)."""
+
+    def __init__(self):
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+
+    def _spin(self) -> None:
+        import hashlib
+
+        data = bytes(1 << 20)
+        while not self._stop.is_set():
+            hashlib.sha256(data).digest()
+
+    def __enter__(self):
+        self._thread.start()
+        time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def test_threads_of_this_process_are_not_other_programs(idle_machine):
+    """The caller's own threads (torch's, spinning after an op) are not
+    another program's load: counting them made an SB3 script that built its
+    envs right after `import stable_baselines3` run no worker and torch at 1
+    thread (PPO with its CnnPolicy on 8 Pongs: 0.66x DummyVecEnv)."""
+    from shmvec._engine.system import cpus_busy_elsewhere, usable_cpus
+
+    if usable_cpus() < len(os.sched_getaffinity(0)):
+        pytest.skip("a CPU quota below the affinity mask: busy CPUs are not counted (see cpus_busy_elsewhere)")
+    with _BusyThread():
+        assert cpus_busy_elsewhere() == 0
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_an_env_made_while_a_thread_of_ours_spins_gets_the_default_workers(start_method, idle_machine):
+    envs = shmvec.ShmVecEnv([lambda: FaultEnv()] * 8, start_method=start_method)
+    quiet = envs.num_workers
+    envs.close()
+    with _BusyThread(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        envs = shmvec.ShmVecEnv([lambda: FaultEnv()] * 8, start_method=start_method)
+    try:
+        assert envs.num_workers == quiet
+        assert not [w for w in caught if "kept busy by other programs" in str(w.message)]
+    finally:
+        envs.close()
+
+
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
 def test_a_second_env_made_at_once_gets_the_workers_of_the_first(start_method, idle_machine):
     """A train env and then an eval env, made one after the other, get the

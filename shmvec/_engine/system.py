@@ -132,7 +132,9 @@ def cpus_busy_elsewhere(window_s: float = 0.04, windows: int = 2, own_pids: Coll
     window is taken off the CPU each thread ran on last: they are not
     another program (a worker that has just started spins an OpenBLAS
     thread for about 100 ms; an env made right after another would
-    otherwise count that CPU busy). Under a CPU quota smaller than the
+    otherwise count that CPU busy). Nor are this process's other threads:
+    torch's OpenMP threads spin for up to 200 ms after each parallel op
+    (Stable-Baselines3's import runs one), and torch_threads holds them. Under a CPU quota smaller than the
     affinity mask (a container's share of a larger host) the other CPUs'
     load says nothing about ours: 0, as when /proc is unreadable."""
     cpus = set(allowed_cpu_ids())
@@ -145,6 +147,7 @@ def cpus_busy_elsewhere(window_s: float = 0.04, windows: int = 2, own_pids: Coll
                 return 0
             time.sleep(0.001)
         busy = set(cpus)
+        own_pids = {os.getpid(), *own_pids}
         before, own_before = _cpu_times(cpus), _thread_ticks(own_pids)
         for _ in range(windows):
             time.sleep(window_s)
