@@ -556,6 +556,8 @@ class PyWorkerChannel {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "shmvec native core: shared arena, futex signalling, native step loop";
   m.attr("STEP_COMMAND") = kStepCommand;
+  // Waits longer than this on average sleep almost at once instead of spinning.
+  m.attr("SPIN_CAP_NS") = AdaptiveSpin::kSpinCapNs;
 
   m.def("create_shared_file", [](std::size_t size) {
     int fd = platform::create_shared_file(size);

@@ -198,3 +198,105 @@ def test_a_bad_setting_is_refused_before_any_worker_starts(bad):
 
     with pytest.raises(ValueError, match="torch_threads"):
         shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")], num_workers=1, torch_threads=bad)
+
+
+# A policy that keeps the caller away from its envs longer than the workers'
+# spin cap (2 ms): the workers sleep meanwhile, so torch's threads no longer
+# wait on them, and the policy's own work (a CNN's forward and update) needs
+# them. SB3's PPO with its CnnPolicy on 8 Pongs ran at 0.66x DummyVecEnv with
+# torch held at 1 thread on 2 vCPUs, 1.03x with its 2.
+STEPS = """
+        envs.reset()
+        for _ in range(40):
+            time.sleep(AWAY)  # the policy's time between steps
+            envs.step(envs.action_space.sample())
+        seen["stepping"] = torch.get_num_threads()
+        envs.close()
+        seen["closed"] = torch.get_num_threads()
+"""
+
+
+@pytest.mark.parametrize("cpus", MACHINES)
+@pytest.mark.parametrize("front", ["gymnasium", "sb3"])
+def test_a_policy_that_keeps_the_caller_away_long_gets_torch_threads_back(tmp_path, cpus, front):
+    if front == "sb3":
+        pytest.importorskip("stable_baselines3")
+    result = run("""
+        import time
+        from shmvec.sb3 import ShmVecEnv as SB3VecEnv
+        AWAY = 0.005
+        torch.set_num_threads(MANY)
+        envs = make(SB3VecEnv if FRONT == "sb3" else shmvec.ShmVecEnv)
+        if FRONT == "sb3":
+            envs.action_space.sample = lambda n=envs.num_envs: [0] * n
+        seen["open"] = torch.get_num_threads()
+    """.replace("FRONT", repr(front)) + STEPS, tmp_path, cpus)
+    # Back to what torch had, up to the CPUs other programs leave (all here): MANY is one more.
+    assert result["open"] == result["FREE"]
+    assert result["stepping"] == result["MANY"] - 1
+    assert result["closed"] == result["MANY"]
+    lowered, back = performance_warnings(result)
+    assert f"torch.set_num_threads({result['FREE']})" in lowered
+    assert f"{result['MANY'] - 1} intra-op threads back" in back and "between steps" in back
+
+
+@pytest.mark.parametrize("away, kwargs", [(0.0, {}), (0.005, {"batch_size": 1})], ids=["short-gaps", "async-mode"])
+def test_torch_stays_held_where_its_threads_would_wait_on_the_workers(tmp_path, away, kwargs):
+    # Short gaps: the workers spin through them (a 64-64 MLP at torch's 2
+    # threads beside them ran 4x slower). Async mode: the workers step while
+    # the caller is away.
+    body = """
+        import time
+        AWAY = {away}
+        torch.set_num_threads(MANY)
+        envs = make(**{kwargs!r})
+    """.format(away=away, kwargs=kwargs)
+    if kwargs:  # async mode: send/recv instead of step
+        body += """
+        envs.async_reset(seed=0)
+        for _ in range(40):
+            obs, *_, infos = envs.recv()
+            time.sleep(AWAY)
+            envs.send(envs.action_space.sample()[:len(infos["env_id"])], infos["env_id"])
+        envs.recv()
+        seen["stepping"] = torch.get_num_threads()
+        envs.close()
+        """
+    else:
+        body += STEPS
+    result = run(body, tmp_path)
+    assert result["stepping"] == result["FREE"]
+    assert len(performance_warnings(result)) == 1
+
+
+def test_a_setting_made_by_the_user_while_judging_is_kept(tmp_path):
+    result = run("""
+        import time
+        AWAY = 0.005
+        torch.set_num_threads(MANY)
+        envs = make()
+        torch.set_num_threads(2)
+    """ + STEPS, tmp_path, 16)
+    assert result["stepping"] == result["closed"] == 2
+
+
+def test_the_gaps_timed_run_from_a_steps_return_to_the_next_step(monkeypatch):
+    """What shmvec does between two steps (a reset, a call) is not the
+    policy's time."""
+    from shmvec._engine import torch_threads
+
+    now = [0]
+    monkeypatch.setattr(torch_threads.time, "perf_counter_ns", lambda: now[0])
+    decided = []
+    judge = torch_threads.GapJudge(decided.append)
+    for k in range(3 * torch_threads.GapJudge.STEPS):
+        judge.command_begins(step=True)
+        now[0] += 300_000  # the step
+        judge.step_returns()
+        now[0] += 1_000_000  # the policy
+        if k % 2:
+            judge.command_begins(step=False)  # a reset, or a call
+            now[0] += 10_000_000
+        if decided:
+            break
+    assert decided == [1_000_000] and k == 2 * torch_threads.GapJudge.STEPS - 1

@@ -111,6 +111,9 @@ class CommandRunner:
         cycle = self.cycle
         if cycle.phase is not IDLE and cycle.phase is not NEEDS_RESET:
             cycle.check_idle(f"{phase.value}_async")  # raises, changing nothing: another call is pending
+        judge = self._torch_threads.judge  # set while torch's threads wait on how long the policy takes
+        if judge is not None:
+            judge.command_begins(code == P.STEP)
         self.handed_out = None  # a result Ctrl-C kept from the caller is not wanted any more
         try:
             # In here: Python may raise a Ctrl-C as begin() returns (before
@@ -187,6 +190,8 @@ class CommandRunner:
         self.handed_out = command
         self.cycle.finish()
         self._command = None
+        if command.code == P.STEP and self._torch_threads.judge is not None:
+            self._torch_threads.judge.step_returns()
         return command.result
 
     def unreturned_step(self) -> Any:

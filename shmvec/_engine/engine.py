@@ -116,7 +116,7 @@ class Engine(CommandRunner):
         if note:
             warn_performance(note)
         self.num_workers = num_workers
-        self._torch_threads = TorchThreads(torch_threads, num_workers, busy_cpus)
+        self._torch_threads = TorchThreads(torch_threads, num_workers, busy_cpus, lock_step=not async_mode)
         # Released by close(), or when the engine is collected unclosed.
         self._release_torch_threads = weakref.finalize(self, self._torch_threads.release)
         slices = split_slices(self.num_envs, num_workers + (1 if caller_steps else 0))
