@@ -45,6 +45,8 @@ GOALS = [
     ("straggler-32-default-workers", "shmvec-async", "shmvec-lockstep", 1.0),
     # async mode's bookkeeping per batch, where nothing overlaps (no workers)
     ("cartpole-async-256-no-workers", "shmvec-async", "shmvec-lockstep", 0.95),
+    # a CNN policy at torch's own threads: never slower than DummyVecEnv
+    ("sb3-ppo-atari-8", "shmvec", "dummy", 1),
     ("sb3-step-64", "shmvec", "dummy", 1),
     ("sb3-step-64", "shmvec", "subproc", 1),
     ("sb3-step-8", "shmvec", "subproc", 1),

@@ -2,12 +2,17 @@
 PPO's wall time per 100k steps (the policy's time between steps included),
 and stepping alone (step_async/step_wait with fixed actions).
 
+And PPO with its CnnPolicy on 8 Pongs (rl-zoo's Atari settings; needs
+ale-py, from the ``bench-real`` extra), torch at its default threads, as
+users run it: steps/s of the whole loop, the update included.
+
 Sizes are set by environment variables, so that a smoke run is quick:
-``SHMVEC_BENCH_SB3_PPO_STEPS`` (PPO steps per run, default 100000) and
+``SHMVEC_BENCH_SB3_PPO_STEPS`` (PPO steps per run, default 100000),
+``SHMVEC_BENCH_SB3_ATARI_STEPS`` (default 4096) and
 ``SHMVEC_BENCH_SB3_STEPS`` (env steps per timed round of stepping alone,
 default 100000; ``SHMVEC_BENCH_SB3_ROUNDS`` rounds, default 3).
 
-    SHMVEC_BENCH_SB3_PPO_STEPS=2048 SHMVEC_BENCH_SB3_STEPS=5000 pytest bench/test_bench_sb3.py
+    SHMVEC_BENCH_SB3_PPO_STEPS=2048 SHMVEC_BENCH_SB3_ATARI_STEPS=1024 SHMVEC_BENCH_SB3_STEPS=5000 pytest bench/test_bench_sb3.py
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 from shmvec.sb3 import ShmVecEnv
 
 PPO_STEPS = int(os.environ.get("SHMVEC_BENCH_SB3_PPO_STEPS", "100000"))
+TORCH_THREADS = torch.get_num_threads()  # torch's own count, before any test holds it
+ATARI_STEPS = int(os.environ.get("SHMVEC_BENCH_SB3_ATARI_STEPS", "4096"))
 STEPS = int(os.environ.get("SHMVEC_BENCH_SB3_STEPS", "100000"))
 ROUNDS = int(os.environ.get("SHMVEC_BENCH_SB3_ROUNDS", "3"))
 SIZES = [8, 64]
@@ -88,6 +95,38 @@ def test_ppo_wall_time(benchmark, torch_ready, vec_env, num_envs, who):
     benchmark.pedantic(model.learn, args=(PPO_STEPS,), rounds=1, iterations=1)
     if not benchmark.disabled:  # else nothing was timed
         record(benchmark, f"sb3-ppo-{num_envs}", who, benchmark.stats.stats.median * 100_000 / PPO_STEPS, "seconds")
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("who", list(VEC_ENVS))
+def test_ppo_atari_steps_per_s(benchmark, who):
+    """PPO with its CnnPolicy on 8 Pongs, torch at its own threads (not
+    torch_ready's one): a large policy, whose forward pass and update need
+    torch's threads (shmvec's torch_threads gives them back once it has
+    timed the caller's gaps between steps)."""
+    pytest.importorskip("ale_py")
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    held = torch.get_num_threads()
+    torch.set_num_threads(TORCH_THREADS)
+    # "ale_py:" makes each worker import ale-py, which registers the ids.
+    venv = None
+    try:
+        venv = VecFrameStack(make_atari_env("ale_py:PongNoFrameskip-v4", n_envs=8, seed=0,
+                                            vec_env_cls=VEC_ENVS[who]), n_stack=4)
+        model = PPO("CnnPolicy", venv, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4,
+                    clip_range=0.1, vf_coef=0.5, ent_coef=0.01, seed=0, device="cpu")
+        model.set_logger(Logger(folder=None, output_formats=[]))
+        model.learn(1024)  # warm-up: a rollout and its update, shmvec's timing of the gaps included
+        benchmark.group = "sb3-ppo-atari-8"
+        benchmark.pedantic(model.learn, args=(ATARI_STEPS,), rounds=1, iterations=1)
+        if not benchmark.disabled:  # else nothing was timed
+            record(benchmark, "sb3-ppo-atari-8", who, ATARI_STEPS / benchmark.stats.stats.median, "steps_per_s")
+    finally:
+        if venv is not None:
+            venv.close()
+        torch.set_num_threads(held)
 
 
 @pytest.mark.timeout(1800)
