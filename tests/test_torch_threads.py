@@ -203,8 +203,8 @@ def test_a_bad_setting_is_refused_before_any_worker_starts(bad):
 # A policy that keeps the caller away from its envs longer than the workers'
 # spin cap (2 ms): the workers sleep meanwhile, so torch's threads no longer
 # wait on them, and the policy's own work (a CNN's forward and update) needs
-# them. SB3's PPO with its CnnPolicy on 8 Pongs ran at 0.66x DummyVecEnv with
-# torch held at 1 thread on 2 vCPUs, 1.03x with its 2.
+# them. SB3's PPO with its CnnPolicy on 8 Pongs ran at 0.67x DummyVecEnv with
+# torch held at 1 thread on 2 vCPUs, 1.07x with its 2.
 STEPS = """
         envs.reset()
         for _ in range(40):
@@ -223,12 +223,14 @@ def test_a_policy_that_keeps_the_caller_away_long_gets_torch_threads_back(tmp_pa
         pytest.importorskip("stable_baselines3")
     result = run("""
         import time
-        from shmvec.sb3 import ShmVecEnv as SB3VecEnv
         AWAY = 0.005
         torch.set_num_threads(MANY)
-        envs = make(SB3VecEnv if FRONT == "sb3" else shmvec.ShmVecEnv)
         if FRONT == "sb3":
-            envs.action_space.sample = lambda n=envs.num_envs: [0] * n
+            from shmvec.sb3 import ShmVecEnv as SB3VecEnv
+            envs = make(SB3VecEnv)
+            envs.action_space.sample = lambda n=envs.num_envs: [0] * n  # a batch, as Gymnasium's gives
+        else:
+            envs = make()
         seen["open"] = torch.get_num_threads()
     """.replace("FRONT", repr(front)) + STEPS, tmp_path, cpus)
     # Back to what torch had, up to the CPUs other programs leave (all here): MANY is one more.

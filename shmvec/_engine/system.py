@@ -134,9 +134,10 @@ def cpus_busy_elsewhere(window_s: float = 0.04, windows: int = 2, own_pids: Coll
     thread for about 100 ms; an env made right after another would
     otherwise count that CPU busy). Nor are this process's other threads:
     torch's OpenMP threads spin for up to 200 ms after each parallel op
-    (Stable-Baselines3's import runs one), and torch_threads holds them. Under a CPU quota smaller than the
-    affinity mask (a container's share of a larger host) the other CPUs'
-    load says nothing about ours: 0, as when /proc is unreadable."""
+    (Stable-Baselines3's import runs one), and torch_threads holds them.
+    Under a CPU quota smaller than the affinity mask (a container's share
+    of a larger host) the other CPUs' load says nothing about ours: 0, as
+    when /proc is unreadable."""
     cpus = set(allowed_cpu_ids())
     if not IS_LINUX or usable_cpus() < len(cpus):
         return 0

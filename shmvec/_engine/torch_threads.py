@@ -17,7 +17,7 @@ A policy that keeps the caller away longer than the workers' spin cap
 between lock-step steps (a CNN's forward pass, its update) gets its threads
 back: the workers sleep through such gaps, so torch's threads no longer wait
 on them, and the policy's work needs them (SB3's PPO with its CnnPolicy on 8
-Pongs, 2 vCPUs: 0.66x DummyVecEnv with torch held at 1 thread, 1.03x at 2).
+Pongs, 2 vCPUs: 0.67x DummyVecEnv with torch held at 1 thread, 1.07x at 2).
 ``GapJudge`` times the first `GapJudge.STEPS` gaps to tell.
 """
 
