@@ -28,4 +28,6 @@ def test_real_case_in_passes_reports_medians_and_passes_held(tmp_path):
         line = re.search(rf"^busy-late-64\s+{top} / sync\s+([\d.]+)\s+goal >= 1.0\s+(met|MISSED)\s+passes (\d)/2$",
                          figures, re.M)
         assert line, figures
-        assert (float(line[1]) >= 1.0) == (line[2] == "met")
+        # Judged on the ratio itself, printed to 2 places: 0.996 prints as 1.00, MISSED.
+        ratio = float(line[1])
+        assert ratio == 1.0 or (ratio > 1.0) == (line[2] == "met"), figures
