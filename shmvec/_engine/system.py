@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Collection
 from typing import NamedTuple
@@ -149,10 +150,19 @@ def cpus_busy_elsewhere(window_s: float = 0.04, windows: int = 2, own_pids: Coll
             time.sleep(0.001)
         busy = set(cpus)
         own_pids = {os.getpid(), *own_pids}
-        before, own_before = _cpu_times(cpus), _thread_ticks(own_pids)
+        # Not this thread: it runs for microseconds a window, but a clock tick
+        # (10 ms) charged to it would take a quarter off a busy CPU's window.
+        me = threading.get_native_id()
+
+        def own_ticks():
+            ticks = _thread_ticks(own_pids)
+            ticks.pop(me, None)
+            return ticks
+
+        before, own_before = _cpu_times(cpus), own_ticks()
         for _ in range(windows):
             time.sleep(window_s)
-            after, own_after = _cpu_times(cpus), _thread_ticks(own_pids)
+            after, own_after = _cpu_times(cpus), own_ticks()
             own = _ticks_by_cpu(own_before, own_after)
             busy = {cpu for cpu in busy if cpu in before and cpu in after
                     and _busy_share(before[cpu], after[cpu], own.get(cpu, 0)) > 0.75}
