@@ -13,7 +13,10 @@ import pytest
 
 import shmvec
 
-README = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+README_PATH = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+if not README_PATH.exists():  # the wheel check runs tests/ alone, away from the checkout
+    pytest.skip("needs the source tree's README.md", allow_module_level=True)
+README = README_PATH.read_text()
 PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.MULTILINE | re.DOTALL)
 
 
