@@ -47,6 +47,8 @@ GOALS = [
     ("cartpole-async-256-no-workers", "shmvec-async", "shmvec-lockstep", 0.95),
     # a CNN policy at torch's own threads: never slower than DummyVecEnv
     ("sb3-ppo-atari-8", "shmvec", "dummy", 1),
+    # a quick policy with an update that needs torch's threads: the same
+    ("sb3-ppo-mujoco-8", "shmvec", "dummy", 1),
     ("sb3-step-64", "shmvec", "dummy", 1),
     ("sb3-step-64", "shmvec", "subproc", 1),
     ("sb3-step-8", "shmvec", "subproc", 1),

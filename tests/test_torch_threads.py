@@ -302,3 +302,162 @@ def test_the_gaps_timed_run_from_a_steps_return_to_the_next_step(monkeypatch):
         if decided:
             break
     assert decided == [1_000_000] and k == 2 * torch_threads.GapJudge.STEPS - 1
+
+
+# A loop that steps a rollout, then updates its policy (PPO's shape): torch
+# held at one thread while the workers step, and at one for the update too.
+# SB3's PPO on 8 HalfCheetahs (256-256 MLP, batch_size=2048) ran at 0.80x
+# DummyVecEnv so on 2 vCPUs, its update 1.6x slower. Once the updates have
+# come at a steady period, shmvec times some cycles (an update and the
+# rollout after it) with torch's threads back for the update and as many
+# without, and gives them back for every later update if that was faster.
+ROLLOUTS = """
+        import time
+        from shmvec._engine.torch_threads import GapJudge
+        TRIALS = GapJudge.TRIALS
+        ROLLOUT = 40  # steps a rollout
+        torch.set_num_threads(MANY)
+        envs = make()
+        envs.reset()
+        in_rollouts, in_updates = set(), []
+        for rollout in range(4 + 2 * TRIALS):
+            for k in range(ROLLOUT):
+                envs.step(envs.action_space.sample())
+                if k < ROLLOUT - 1:
+                    in_rollouts.add(torch.get_num_threads())
+            in_updates.append(torch.get_num_threads())
+            UPDATE  # the policy's update
+        seen["rollouts"], seen["updates"] = sorted(in_rollouts), in_updates
+        envs.step(envs.action_space.sample())
+        seen["stepping"] = torch.get_num_threads()
+        envs.close()
+        seen["closed"] = torch.get_num_threads()
+        seen["TRIALS"] = TRIALS
+"""
+FASTER_WITH_THREADS = "time.sleep(0.02 if torch.get_num_threads() > FREE else 0.06)"
+
+
+def updates(result: dict, trials: str) -> list[int]:
+    """Torch's threads as each update begins: the first two show the
+    period; then the trials, threads back ("B") or held ("H") alternately;
+    then the choice, for good."""
+    back, held = result["MANY"] - 1, result["FREE"]
+    choice = {"B": back, "H": held}[trials[-1]]
+    return [held, held] + [{"B": back, "H": held}[t] for t in "BH" * result["TRIALS"]] + [choice, choice]
+
+
+@pytest.mark.parametrize("cpus", MACHINES)
+def test_torch_gets_its_threads_back_for_updates_that_run_faster_with_them(tmp_path, cpus):
+    result = run(ROLLOUTS.replace("UPDATE", FASTER_WITH_THREADS), tmp_path, cpus)
+    free, back = result["FREE"], result["MANY"] - 1
+    assert result["rollouts"] == [free]
+    assert result["updates"] == updates(result, "B")
+    assert (result["stepping"], result["closed"]) == (free, result["MANY"])
+    lowered, given = performance_warnings(result)
+    assert f"torch.set_num_threads({free})" in lowered
+    assert f"{back} intra-op threads back" in given and "every 40 steps" in given
+
+
+def test_updates_no_faster_with_torch_threads_keep_them_held(tmp_path):
+    # A small policy's update (SB3's PPO on 8 CartPoles, a 64-64 MLP: 0.83x
+    # as fast with them, torch's idle OpenMP thread spinning into the rollout).
+    result = run(ROLLOUTS.replace("UPDATE", "time.sleep(0.03)"), tmp_path)
+    assert result["updates"] == updates(result, "H")
+    assert len(performance_warnings(result)) == 1
+
+
+def test_long_gaps_at_no_steady_period_are_not_foreseen(tmp_path):
+    result = run(ROLLOUTS.replace("range(ROLLOUT)", "range(ROLLOUT + 7 * rollout)").replace(
+        "UPDATE", FASTER_WITH_THREADS), tmp_path)
+    assert result["rollouts"] == [result["FREE"]] and set(result["updates"]) == {result["FREE"]}
+    assert len(performance_warnings(result)) == 1
+
+
+def test_a_setting_made_by_the_user_in_a_foreseen_gap_is_kept(tmp_path):
+    result = run(ROLLOUTS.replace("UPDATE", FASTER_WITH_THREADS + """
+            if rollout == 2:
+                torch.set_num_threads(3)"""), tmp_path, 16)
+    assert result["updates"][:3] == [result["FREE"], result["FREE"], 16]
+    assert set(result["updates"][3:]) == {3} and result["stepping"] == result["closed"] == 3
+
+
+def test_an_env_closed_in_a_foreseen_gap_restores_torch(tmp_path):
+    body = ROLLOUTS.replace("4 + 2 * TRIALS", "3").replace("UPDATE", FASTER_WITH_THREADS).replace(
+        "        envs.step(envs.action_space.sample())\n        seen[\"stepping\"]", "        seen[\"stepping\"]")
+    result = run(body, tmp_path)
+    assert result["updates"][-1] == result["stepping"] == result["MANY"] - 1
+    assert result["closed"] == result["MANY"]
+
+
+def test_updates_are_foreseen_among_other_long_gaps_and_tried(monkeypatch):
+    """A PPO update after each rollout of 10 steps (20 ms with torch's
+    threads, 40 ms without), and episodes that end every 12 steps, whose
+    last values the learner computes (3 ms): both series are foreseen once
+    the first 32 gaps are judged and tried; the updates get torch's threads
+    back for good after their trials; no short gap is foreseen."""
+    from shmvec._engine import torch_threads
+
+    now, steps, given = [0], [0], [False]
+    gave, chosen = [], []
+
+    def give():
+        gave.append(steps[0])
+        given[0] = True
+        return True
+
+    def hold():
+        given[0] = False
+
+    monkeypatch.setattr(torch_threads.time, "perf_counter_ns", lambda: now[0])
+    judge = torch_threads.GapJudge(lambda median: None, give, hold, lambda *args: chosen.append(args))
+    for step in range(1, 201):
+        judge.command_begins(step=True)
+        now[0] += 50_000  # the step
+        steps[0] = step
+        judge.step_returns()
+        gap = 100_000
+        if step % 12 == 3:
+            gap += 3_000_000
+        if step % 10 == 0:
+            gap += 20_000_000 if given[0] else 40_000_000
+        now[0] += gap
+    assert sorted(period for period, _, _ in chosen) == [10, 12]
+    assert [given < held for period, given, held in chosen if period == 10] == [True]
+    # Updates: found at step 20 (0, 10, 20); the median judged at the 33rd step; trials from step 40.
+    trials = 2 * torch_threads.GapJudge.TRIALS
+    assert [n for n in gave if n % 10 == 0] == list(range(40, 40 + 10 * trials, 20)) + list(
+        range(40 + 10 * trials, 201, 10))
+    assert {n for n in gave if n % 10} <= {n for n in range(201) if n % 12 == 3}
+
+
+def test_the_trial_runs_again_and_follows_a_change(monkeypatch):
+    """An update that ran faster with torch's threads, then slower (another
+    program took the other CPU, say): the next trial holds them again."""
+    from shmvec._engine import torch_threads
+
+    monkeypatch.setattr(torch_threads.GapJudge, "AGAIN", 10)
+    now, steps, given = [0], [0], [False]
+    gave = []
+
+    def give():
+        gave.append(steps[0])
+        given[0] = True
+        return True
+
+    monkeypatch.setattr(torch_threads.time, "perf_counter_ns", lambda: now[0])
+    judge = torch_threads.GapJudge(lambda median: None, give, lambda: given.__setitem__(0, False))
+    for step in range(1, 501):
+        judge.command_begins(step=True)
+        steps[0] = step
+        judge.step_returns()
+        now[0] += 100_000
+        if step % 10 == 0:
+            faster = 20_000_000 if step < 200 else 60_000_000  # with the threads
+            now[0] += faster if given[0] else 40_000_000
+    trials = 2 * torch_threads.GapJudge.TRIALS
+    first = list(range(40, 40 + 10 * trials, 20)) + list(range(40 + 10 * trials, 40 + 10 * trials + 100, 10))
+    again = 40 + 10 * trials + 100
+    assert gave[:len(first)] == first  # tried, then given for AGAIN gaps
+    # Tried again, then held for AGAIN gaps, then tried again.
+    tried = list(range(again, again + 10 * trials, 20))
+    assert gave[len(first):] == tried + [n + 10 * (trials + 10) for n in tried]

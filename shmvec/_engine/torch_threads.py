@@ -19,10 +19,22 @@ back: the workers sleep through such gaps, so torch's threads no longer wait
 on them, and the policy's work needs them (SB3's PPO with its CnnPolicy on 8
 Pongs, 2 vCPUs: 0.67x DummyVecEnv with torch held at 1 thread, 1.07x at 2).
 ``GapJudge`` times the first `GapJudge.STEPS` gaps to tell.
+
+A loop whose policy is quick between steps but that stops for a long
+update after each rollout (PPO's shape) keeps torch held while it steps,
+and gets the threads back for each update that `GapJudge` foresees, if
+timing both ways showed the update and the rollout after it faster so.
+The workers sleep through an update, and a large one needs the threads
+(SB3's PPO on 8 HalfCheetahs, 256-256 MLPs, batch_size=2048, 2 vCPUs:
+0.84x DummyVecEnv with torch held throughout, its update 1.6x slower;
+1.09x given back for the updates). A small policy's update does not (SB3's
+PPO on 8 CartPoles and CleanRL's ppo.py ran 0.83x and 0.80x as fast with
+torch's threads given back for every update).
 """
 
 from __future__ import annotations
 
+import collections
 import statistics
 import sys
 import time
@@ -34,45 +46,157 @@ from shmvec.errors import warn_performance
 __all__ = ["GapJudge", "TorchThreads", "check_setting"]
 
 _told = False  # one warning a process
+_told_gaps = False  # and one when foreseen gaps get torch's threads
 
 
 class _Lowered:
     """What shmvec changed in this process's torch, shared by every open env:
-    the threads torch had before, the number set, and how many envs hold it."""
+    the threads torch had before, the number held, the number shmvec last
+    set (more than the held number during a foreseen update), and how many
+    envs hold it."""
 
     original: int | None = None
     set_to: int | None = None
+    shown: int | None = None
     holders = 0
-    judged = False  # a GapJudge decided: the others stop timing
+    timed = False  # one env's engine times the gaps between steps (a GapJudge): the others do not
+
+
+class _Series:
+    """Long gaps foreseen every `period` steps, and the trial of torch's
+    threads for them."""
+
+    __slots__ = ("period", "missed", "cycles", "cycle", "give", "since")
+
+    def __init__(self, period: int):
+        self.period = period
+        self.missed = 0  # foreseen gaps in a row that were not long
+        self.try_again()
+
+    def try_again(self) -> None:
+        self.cycles: dict[bool, list[int]] | None = {True: [], False: []}  # ns, by threads given; None once chosen
+        self.cycle: tuple[int, bool] | None = None  # the one under way: its start, threads given
+        self.give = False  # chosen: torch's threads for every gap
+        self.since = 0  # gaps since the choice
 
 
 class GapJudge:
-    """Times the caller's time away from its envs between lock-step steps
-    (from one step's return to the next one's start: the policy's time),
-    and after `STEPS` of them hands their median to `decide`."""
+    """Times the caller's time away from its envs between lock-step steps:
+    from a step's return to the next command, the policy's time (or its
+    update's). Two uses:
+
+    - the median of the first `STEPS` gaps between two steps goes to
+      `decide`;
+    - long gaps (ones the workers sleep through) of like lengths at a
+      steady period of steps are foreseen: long gaps after steps n - 2p,
+      n - p and n foretell one after each step n + kp, until two of them in
+      a row are not long. Steps count from the env's making, where a
+      rollout often starts; several such series may run at once (the
+      updates, and evaluations every so many steps), and gaps a series
+      foresees are not looked at again (they would show its multiples).
+      Once `decide` has had its median, `TRIALS` gaps of a series get
+      torch's threads back (`give`, which says whether it did; `hold` at the
+      next command) and as many do not, alternately, each timed with the
+      steps after it up to the series' next gap (a cycle). Torch gets them
+      for the series' next `AGAIN` gaps only if that was faster (`chosen`
+      hears the medians), and then the trial runs again: a small policy's
+      update runs no faster with more threads, and torch's idle OpenMP
+      threads then spin into the rollout.
+    """
 
     STEPS = 32
     # A worker whose waits are longer than this on average sleeps almost at
     # once instead of spinning (csrc/signal.hpp, AdaptiveSpin::kSpinCapNs).
     LONG_NS = _core.SPIN_CAP_NS
+    KEPT = 8  # the last long gaps looked at for a period
+    SERIES = 4  # at most this many foreseen at once
+    TRIALS = 3  # cycles timed with torch's threads back, and as many without
+    GAIN = 0.97  # threads back for good only if their cycles' median is under this share of the others'
+    AGAIN = 100  # gaps of a series after which its trial runs again (a choice made in a noisy stretch does not last)
 
-    def __init__(self, decide):
-        self._decide = decide
+    def __init__(self, decide, give=lambda: False, hold=lambda: None, chosen=lambda period, given, held: None):
+        self._decide, self._give, self._hold, self._chosen = decide, give, hold, chosen
         self._left_ns: int | None = None
-        self._gaps: list[int] = []
+        self._gaps: list[int] | None = []  # None once decided
+        self._steps = 0  # steps returned
+        # The last long gaps: (the step after which each came, its ns); the making's is like any.
+        self._long_after: collections.deque[tuple[int, int | None]] = collections.deque([(0, None)], maxlen=self.KEPT)
+        self._due: dict[int, list[_Series]] = {}  # the step after which a series' next gap is foreseen
+        self._foreseen: list[_Series] = []  # the series whose gap is under way
+        self._given = False  # torch's threads, for the gap under way
 
     def command_begins(self, step: bool) -> None:
-        """A gap counts from a step's return to the next step, with no other
-        command (a reset, a call) in between."""
+        """A gap between steps counts for `decide` only with no other command
+        (a reset, a call) in between; for the series, any command ends it."""
+        if self._given:
+            self._given = False
+            self._hold()
         left, self._left_ns = self._left_ns, None
-        if left is None or not step:
+        foreseen, self._foreseen = self._foreseen, []
+        if left is None:
             return
-        self._gaps.append(time.perf_counter_ns() - left)
-        if len(self._gaps) == self.STEPS:
-            self._decide(statistics.median(self._gaps))
+        gap = time.perf_counter_ns() - left
+        long = gap >= self.LONG_NS
+        for series in foreseen:
+            series.missed = 0 if long else series.missed + 1
+            if series.missed < 2:
+                self._due.setdefault(self._steps + series.period, []).append(series)
+        if long and not foreseen:
+            self._look_for_series(self._steps, gap)
+        if step and self._gaps is not None:
+            self._gaps.append(gap)
+            if len(self._gaps) == self.STEPS:
+                gaps, self._gaps = self._gaps, None
+                self._decide(statistics.median(gaps))
+
+    def _look_for_series(self, n: int, gap: int) -> None:
+        def alike(other: int | None) -> bool:
+            return other is None or (gap <= 4 * other and other <= 4 * gap)
+
+        seen = self._long_after
+        earlier = {m for m, other in seen if alike(other)}
+        seen.append((n, gap))
+        periods = {series.period for due in self._due.values() for series in due}
+        for m in sorted(earlier, reverse=True):  # the shortest period first
+            period = n - m
+            if m - period in earlier and period not in periods and len(periods) < self.SERIES:
+                self._due.setdefault(n + period, []).append(_Series(period))
+                return
 
     def step_returns(self) -> None:
+        self._steps += 1
+        due = self._due.pop(self._steps, None)
+        if due is not None:
+            self._foreseen = due
+            if self._gaps is None:  # `decide` has had its median: a loop whose every gap is long got them for good
+                now = time.perf_counter_ns()
+                self._given = any([self._gives(series, now) for series in due]) and self._give()
+                for series in due:
+                    if series.cycle is not None and series.cycle[1] != self._given:
+                        series.cycle = None  # torch set by the user since, or another series gives: no trial
         self._left_ns = time.perf_counter_ns()
+
+    def _gives(self, series: _Series, now: int) -> bool:
+        """Whether torch's threads go back for `series`' gap that comes now
+        (a cycle of its trial ends, and another begins)."""
+        cycles = series.cycles
+        if cycles is None:
+            series.since += 1
+            if series.since < self.AGAIN:
+                return series.give
+            series.try_again()
+            cycles = series.cycles
+        if series.cycle is not None:
+            start, given = series.cycle
+            cycles[given].append(now - start)
+        if len(cycles[False]) == len(cycles[True]) == self.TRIALS:
+            given, held = statistics.median(cycles[True]), statistics.median(cycles[False])
+            series.cycles, series.cycle, series.give = None, None, given < self.GAIN * held
+            self._chosen(series.period, given, held)
+            return series.give
+        give = len(cycles[True]) <= len(cycles[False])
+        series.cycle = (now, give)
+        return give
 
 
 def check_setting(torch_threads) -> None:
@@ -141,7 +265,7 @@ class TorchThreads:
             if threads == target or (setting == "auto" and threads < target):
                 return
             _Lowered.original = threads
-            _Lowered.set_to = target
+            _Lowered.set_to = _Lowered.shown = target
             torch.set_num_threads(target)
             _warn_once(f"shmvec set torch.set_num_threads({target}) (it was {threads}) while this vector env "
                        f"is open: {takers} leave it {free} of the {cpus} CPUs, and torch's threads "
@@ -149,29 +273,62 @@ class TorchThreads:
                        "torch_threads=None to keep torch's setting.")
         _Lowered.holders += 1
         self._holding = True
-        if (setting == "auto" and self._lock_step and worker_processes and not _Lowered.judged
+        if (setting == "auto" and self._lock_step and worker_processes and not _Lowered.timed
                 and _Lowered.set_to is not None and _Lowered.set_to < _Lowered.original):
-            self.judge = GapJudge(self._judged)
+            _Lowered.timed = True
+            self.judge = GapJudge(self._judged, self._give_for_gap, self._hold_after_gap, self._chose)
+
+    def _unheld(self) -> int:
+        """Torch's own count, up to the CPUs other programs leave."""
+        return min(_Lowered.original, max(1, usable_cpus() - self._busy_cpus))
+
+    def _held_by_us(self, torch) -> bool:
+        """Whether torch runs the count shmvec set (not one the user set since)."""
+        return torch is not None and torch.get_num_threads() == _Lowered.shown
 
     def _judged(self, gap_ns: float) -> None:
-        """Gives torch its threads back (up to the CPUs other programs
-        leave) if the policy's time between steps is long: see the module's
-        docstring. Once a process, by the first env to decide."""
-        self.judge = None
-        if _Lowered.judged or not self._holding:
-            return
-        _Lowered.judged = True
+        """Gives torch its threads back for good (up to the CPUs other
+        programs leave) if the policy's time between steps is long: see the
+        module's docstring."""
         torch = sys.modules.get("torch")
-        if gap_ns < GapJudge.LONG_NS or torch is None or torch.get_num_threads() != _Lowered.set_to:
-            return  # short gaps, or the user has set torch's threads since: theirs
-        target = min(_Lowered.original, max(1, usable_cpus() - self._busy_cpus))
+        if gap_ns < GapJudge.LONG_NS or not self._held_by_us(torch):
+            return  # short gaps (foreseen long ones may still come), or the user has set torch's threads since
+        self.judge = None
+        target = self._unheld()
         if target <= _Lowered.set_to:
             return
         torch.set_num_threads(target)
         warn_performance(f"shmvec gave torch {target} intra-op threads back (it had set {_Lowered.set_to}): "
                          f"this loop spends {gap_ns / 1e6:.1f} ms between steps (median of {GapJudge.STEPS}), "
                          "long enough that shmvec's workers sleep meanwhile instead of holding the cores.")
-        _Lowered.set_to = target
+        _Lowered.set_to = _Lowered.shown = target
+
+    def _give_for_gap(self) -> bool:
+        """Gives torch its threads back for a long gap foreseen (an update
+        after a rollout); returns whether it did."""
+        torch = sys.modules.get("torch")
+        target = self._unheld()
+        if target <= _Lowered.set_to or not self._held_by_us(torch):
+            return False
+        torch.set_num_threads(target)
+        _Lowered.shown = target
+        return True
+
+    def _hold_after_gap(self) -> None:
+        torch = sys.modules.get("torch")
+        if self._held_by_us(torch):
+            torch.set_num_threads(_Lowered.set_to)
+        _Lowered.shown = _Lowered.set_to  # a count the user set meanwhile is theirs: left as it is
+
+    def _chose(self, period: int, given_ns: float, held_ns: float) -> None:
+        global _told_gaps
+        if given_ns < GapJudge.GAIN * held_ns and not _told_gaps:
+            _told_gaps = True
+            warn_performance(f"shmvec gives torch its {self._unheld()} intra-op threads back for the long gap "
+                             f"this loop makes every {period} steps (its update, say), while shmvec's workers "
+                             f"sleep, and holds it at {_Lowered.set_to} again at the next step: timed both ways, "
+                             f"such a gap and the steps after it took {given_ns / 1e6:.1f} ms with them and "
+                             f"{held_ns / 1e6:.1f} ms without (medians of {GapJudge.TRIALS}).")
 
     def release(self) -> None:
         """Gives torch its threads back when the last env holding them goes,
@@ -179,12 +336,13 @@ class TorchThreads:
         if not self._holding:
             return
         self._holding = False
+        if self.judge is not None or _Lowered.holders == 1:
+            _Lowered.timed = False
         self.judge = None
         _Lowered.holders -= 1
         if _Lowered.holders:
             return
         torch = sys.modules.get("torch")
-        if torch is not None and torch.get_num_threads() == _Lowered.set_to:
+        if self._held_by_us(torch):
             torch.set_num_threads(_Lowered.original)
-        _Lowered.original = _Lowered.set_to = None
-        _Lowered.judged = False
+        _Lowered.original = _Lowered.set_to = _Lowered.shown = None
