@@ -129,8 +129,8 @@ class GapJudge:
         """A gap between steps counts for `decide` only with no other command
         (a reset, a call) in between; for the series, any command ends it."""
         if self._given:
+            self._hold()  # (first: a Ctrl-C between the two leaves a second hold to come, which does nothing)
             self._given = False
-            self._hold()
         left, self._left_ns = self._left_ns, None
         foreseen, self._foreseen = self._foreseen, []
         if left is None:
