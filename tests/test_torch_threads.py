@@ -358,10 +358,12 @@ def test_torch_gets_its_threads_back_for_updates_that_run_faster_with_them(tmp_p
     assert f"{back} intra-op threads back" in given and "every 40 steps" in given
 
 
-def test_updates_no_faster_with_torch_threads_keep_them_held(tmp_path):
+def test_updates_slower_with_torch_threads_keep_them_held(tmp_path):
     # A small policy's update (SB3's PPO on 8 CartPoles, a 64-64 MLP: 0.83x
     # as fast with them, torch's idle OpenMP thread spinning into the rollout).
-    result = run(ROLLOUTS.replace("UPDATE", "time.sleep(0.03)"), tmp_path)
+    # (Slower by far, not level: a level update's choice is the noise's, and
+    # once came out "faster with them" in a CI run.)
+    result = run(ROLLOUTS.replace("UPDATE", "time.sleep(0.06 if torch.get_num_threads() > FREE else 0.02)"), tmp_path)
     assert result["updates"] == updates(result, "H")
     assert len(performance_warnings(result)) == 1
 
