@@ -49,6 +49,8 @@ GOALS = [
     ("sb3-ppo-atari-8", "shmvec", "dummy", 1),
     # a quick policy with an update that needs torch's threads: the same
     ("sb3-ppo-mujoco-8", "shmvec", "dummy", 1),
+    # a gradient step after every step, the envs 2% of the loop: the same
+    ("sb3-sac-mujoco-4", "shmvec", "dummy", 1),
     ("sb3-step-64", "shmvec", "dummy", 1),
     ("sb3-step-64", "shmvec", "subproc", 1),
     ("sb3-step-8", "shmvec", "subproc", 1),
