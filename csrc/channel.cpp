@@ -341,19 +341,32 @@ bool WorkerChannel::wait_doorbell() {
   WorkerControl* c = control();
   const int64_t start = platform::now_ns();
   const uint32_t seen = seen_;
+  const auto rung = [seen](uint32_t v) { return v != seen; };
+  int64_t spin_ns = spin_.budget_ns(start);
+  // Not while spinning is backed off (a lost core): the spin after it would
+  // lose its core too.
+  const int64_t doze_ns = spin_ns > 0 ? forecast_.doze_ns(start) : 0;
+  bool dozed = false;
+  if (doze_ns > 0 && !wait_until(c->cmd_seq.value, c->worker_sleeping.value, rung, 0, doze_ns, [] { return false; })) {
+    dozed = true;
+    forecast_.woke_late(platform::now_ns() - start - doze_ns);
+    spin_ns = forecast_.spin_after_doze_ns();
+  }
   bool preempted = false;
   bool ok = wait_until(
-      c->cmd_seq.value, c->worker_sleeping.value, [seen](uint32_t v) { return v != seen; },
-      spin_.budget_ns(start), kWorkerSliceNs,
+      c->cmd_seq.value, c->worker_sleeping.value, rung, spin_ns, kWorkerSliceNs,
       [this] { return platform::first_ready_fd(&parent_fd_, 1) < 0; }, &preempted);
   if (preempted) spin_.preempted(platform::now_ns());
+  if (dozed) forecast_.spun(preempted, platform::now_ns());
   if (!ok) return false;
   seen_ = c->cmd_seq.value.load(std::memory_order_acquire);
   // The front end's pace: when it posted, not when we woke up. A ring may be
   // for async work, or for a command we already took, while the front end
   // posts the next one: the stamp may belong to any of them, which only
   // blurs a hint; relaxed is enough, atomic so that it is never torn.
-  spin_.observe(std::max<int64_t>(0, c->command.posted_ns.load(std::memory_order_relaxed) - start));
+  const int64_t waited_ns = std::max<int64_t>(0, c->command.posted_ns.load(std::memory_order_relaxed) - start);
+  spin_.observe(waited_ns);
+  forecast_.observe(waited_ns);
   return true;
 }
 

@@ -218,6 +218,7 @@ class WorkerChannel {
   uint32_t worker_;
   int parent_fd_;
   AdaptiveSpin spin_;
+  WakeForecast forecast_;
   uint32_t seen_;        // doorbell value last seen
   uint32_t handled_id_;  // id of the last command taken
   uint32_t current_id_;  // id of the command being served (stamped on completion)

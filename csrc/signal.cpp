@@ -24,4 +24,40 @@ void AdaptiveSpin::observe(int64_t waited_ns) {
   mean_ns_ += 0.125 * (sample - mean_ns_);
 }
 
+void WakeForecast::observe(int64_t waited_ns) {
+  waits_[next_] = waited_ns;
+  next_ = (next_ + 1) % kWindow;
+  count_ = std::min(count_ + 1, kWindow);
+}
+
+int64_t WakeForecast::lead_ns() const {
+  return std::clamp(static_cast<int64_t>(2.0 * late_ns_) + kMinLeadNs / 2, kMinLeadNs, kMaxLeadNs);
+}
+
+int64_t WakeForecast::doze_ns(int64_t now_ns) const {
+  if (count_ < kWindow || now_ns < backoff_until_ns_) return 0;
+  const auto [lo, hi] = std::minmax_element(waits_, waits_ + kWindow);
+  if (*lo < AdaptiveSpin::kSpinCapNs || *hi > kMaxDozeNs) return 0;
+  return *lo - lead_ns();
+}
+
+int64_t WakeForecast::spin_after_doze_ns() const {
+  const auto [lo, hi] = std::minmax_element(waits_, waits_ + kWindow);
+  return std::min(*hi - *lo + 2 * lead_ns(), AdaptiveSpin::kSpinCapNs);
+}
+
+void WakeForecast::woke_late(int64_t late_ns) {
+  const double sample = static_cast<double>(std::clamp<int64_t>(late_ns, 0, kMaxLeadNs));
+  late_ns_ += 0.25 * (sample - late_ns_);
+}
+
+void WakeForecast::spun(bool lost_core, int64_t now_ns) {
+  if (!lost_core) {
+    backoff_ns_ = std::max(backoff_ns_ / 2, kDozeBackoffMinNs / 2);
+    return;
+  }
+  backoff_ns_ = std::min(2 * backoff_ns_, kDozeBackoffMaxNs);
+  backoff_until_ns_ = now_ns + backoff_ns_;
+}
+
 }  // namespace shmvec

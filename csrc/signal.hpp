@@ -66,6 +66,48 @@ class AdaptiveSpin {
   int64_t backoff_until_ns_ = INT64_MIN / 2;  // its end
 };
 
+// When a worker's waits are long (the caller spends milliseconds between
+// steps: a policy on a GPU, a gradient step after every step) and steady,
+// sleeping through them and being woken by the next command puts the
+// wake-up on the step's path: on the 2-vCPU VMs a sleeping worker took
+// 0.14-0.23 ms to notice a command in SB3's SAC loop, about what its two
+// HalfCheetahs then took (docs/performance.md). So the
+// worker dozes: it sleeps on a timer until a lead before the shortest of its
+// last kWindow waits would end, then spins for the command. The timer's
+// wake-up is paid in the gap; the spin costs the lead plus the waits' spread.
+// How late the timer fires is learnt and sets the lead. Waits shorter than
+// the spin cap are spun through anyway; longer than kMaxDozeNs, a wake-up is
+// a small share. Where that spin loses its core (the caller's torch threads
+// still computing, or spinning after their last op, on the worker's CPU),
+// it only takes time from them: dozing stops for a window that doubles with
+// each such loss (from kDozeBackoffMinNs) and shrinks back after a doze that
+// kept its core.
+class WakeForecast {
+ public:
+  static constexpr int kWindow = 8;
+  static constexpr int64_t kMaxDozeNs = 100'000'000;
+  static constexpr int64_t kMinLeadNs = 100'000;
+  static constexpr int64_t kMaxLeadNs = 1'000'000;
+  static constexpr int64_t kDozeBackoffMinNs = 100'000'000;
+  static constexpr int64_t kDozeBackoffMaxNs = 60'000'000'000;
+  void observe(int64_t waited_ns);  // how long a wait took, until the command was posted
+  // How long to sleep at the start of a wait at now_ns; 0: do not doze.
+  int64_t doze_ns(int64_t now_ns) const;
+  // How long to spin after a doze that ran its full length.
+  int64_t spin_after_doze_ns() const;
+  void woke_late(int64_t late_ns);  // a doze's timer fired this long after its end
+  // After a doze's spin: whether it lost its core, at now_ns.
+  void spun(bool lost_core, int64_t now_ns);
+
+ private:
+  int64_t lead_ns() const;
+  int64_t waits_[kWindow] = {};
+  int count_ = 0, next_ = 0;
+  double late_ns_ = 50'000;  // mean lateness of the doze's timer
+  int64_t backoff_ns_ = kDozeBackoffMinNs / 2;
+  int64_t backoff_until_ns_ = INT64_MIN / 2;
+};
+
 // Stores `value` in `word` and wakes sleepers if any announced themselves.
 inline void publish(std::atomic<uint32_t>& word, uint32_t value,
                     const std::atomic<uint32_t>& sleeping) {

@@ -308,6 +308,91 @@ void test_adaptive_spin() {
   std::printf("adaptive spin: ok\n");
 }
 
+void test_wake_forecast() {
+  const int64_t ms = 1'000'000;
+  int64_t t = 1'000'000'000;  // the time of each wait
+  WakeForecast f;
+  for (int i = 0; i < WakeForecast::kWindow - 1; ++i) f.observe(10 * ms);
+  CHECK(f.doze_ns(t) == 0);  // too few waits to foresee the next
+  f.observe(10 * ms);
+  const int64_t doze = f.doze_ns(t);
+  // Wakes a lead before the shortest wait ends, then spins through the lead.
+  CHECK(doze >= 10 * ms - WakeForecast::kMaxLeadNs && doze <= 10 * ms - WakeForecast::kMinLeadNs);
+  const int64_t lead = 10 * ms - doze;
+  CHECK(f.spin_after_doze_ns() == 2 * lead);
+  // A timer that fires late moves the wake-up earlier, up to the longest lead.
+  for (int i = 0; i < 20; ++i) f.woke_late(5 * ms);
+  CHECK(f.doze_ns(t) == 10 * ms - WakeForecast::kMaxLeadNs);
+  for (int i = 0; i < 40; ++i) f.woke_late(0);
+  CHECK(f.doze_ns(t) == 10 * ms - WakeForecast::kMinLeadNs);
+  // Spread waits: doze to before the shortest, spin at most the spin cap.
+  for (int i = 0; i < WakeForecast::kWindow; ++i) f.observe((i % 2 ? 12 : 9) * ms);
+  CHECK(f.doze_ns(t) == 9 * ms - WakeForecast::kMinLeadNs);
+  CHECK(f.spin_after_doze_ns() == AdaptiveSpin::kSpinCapNs);
+  // One wait within the spin cap: spinning serves those, no doze.
+  f.observe(AdaptiveSpin::kSpinCapNs - 1);
+  CHECK(f.doze_ns(t) == 0);
+  // Waits so long that a wake-up is a small share of them: no doze either.
+  for (int i = 0; i < WakeForecast::kWindow; ++i) f.observe(WakeForecast::kMaxDozeNs + 1);
+  CHECK(f.doze_ns(t) == 0);
+  for (int i = 0; i < WakeForecast::kWindow; ++i) f.observe(10 * ms);
+  CHECK(f.doze_ns(t) > 0);
+  // A doze whose spin lost its core: no dozing for a window, doubling while
+  // losses go on, shrinking after dozes that kept the core.
+  const int64_t w = WakeForecast::kDozeBackoffMinNs;
+  f.spun(true, t);
+  CHECK(f.doze_ns(t + w - 1) == 0 && f.doze_ns(t + w) > 0);
+  t += w;
+  f.spun(true, t);
+  CHECK(f.doze_ns(t + 2 * w - 1) == 0 && f.doze_ns(t + 2 * w) > 0);
+  for (int i = 0; i < 40; ++i) f.spun(true, t);
+  CHECK(f.doze_ns(t + WakeForecast::kDozeBackoffMaxNs - 1) == 0);
+  t += WakeForecast::kDozeBackoffMaxNs;
+  for (int i = 0; i < 40; ++i) f.spun(false, t);
+  f.spun(true, t);
+  CHECK(f.doze_ns(t + w - 1) == 0 && f.doze_ns(t + w) > 0);
+  std::printf("wake forecast: ok\n");
+}
+
+// A front end that posts a command 10 ms after each completion (a policy's
+// gradient step between env steps): once the worker has seen a few such
+// gaps, it is awake (spinning, not asleep on its futex) when most commands
+// arrive, so the step does not wait for its wake-up. Before the forecast it
+// slept through every such gap.
+void test_worker_is_awake_for_a_foreseen_command() {
+  Arena a = make_arena();
+  FrontChannel front(a.base, a.fixed, true);
+  int pipe_fds[2];
+  CHECK(pipe(pipe_fds) == 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(pipe_fds[1]);
+    worker_main(a, 0, pipe_fds[0]);
+  }
+  close(pipe_fds[0]);
+  int never[2];
+  CHECK(pipe(never) == 0);
+  std::vector<int> sentinels(kWorkers, never[0]);
+  const std::atomic<uint32_t>& sleeping = a.fixed.control(a.base, 0)->worker_sleeping.value;
+  constexpr int kLearn = 12, kRounds = 20;
+  int awake = 0;
+  for (int i = 0; i < kLearn + kRounds; ++i) {
+    usleep(10'000);
+    if (i >= kLearn && sleeping.load() == 0) ++awake;
+    front.post({0}, 10, 0, {});
+    CHECK(front.wait(sentinels, 10.0, never_interrupted) == kReady);
+  }
+  front.post({0}, kQuit, 0, {});
+  CHECK(front.wait(sentinels, 10.0, never_interrupted) == kReady);
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(pipe_fds[1]);
+  std::printf("worker awake for %d of %d foreseen commands\n", awake, kRounds);
+  // Most, not all: a timer can fire late on a busy host (its lead adapts).
+  CHECK(awake >= kRounds / 2);
+}
+
 // A spin (1 s budget) on a word that a SIGALRM handler publishes at its
 // `ticks`-th call, one call a millisecond, each keeping the thread
 // `steal_ns` first: time taken from the spin without a switch to another
@@ -556,6 +641,8 @@ void test_interrupt_hold() {
 int main() {
   test_interrupt_hold();
   test_adaptive_spin();
+  test_wake_forecast();
+  test_worker_is_awake_for_a_foreseen_command();
   test_spin_survives_stolen_time();
   test_spin_survives_stolen_time_before_its_first_yield();
   test_spin_lost_to_a_thread_sleeps();
