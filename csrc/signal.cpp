@@ -53,9 +53,12 @@ void WakeForecast::woke_late(int64_t late_ns) {
 
 void WakeForecast::spun(bool lost_core, int64_t now_ns) {
   if (!lost_core) {
+    losses_ = 0;
     backoff_ns_ = std::max(backoff_ns_ / 2, kDozeBackoffMinNs / 2);
     return;
   }
+  if (++losses_ < kLossesInARow) return;
+  losses_ = 0;
   backoff_ns_ = std::min(2 * backoff_ns_, kDozeBackoffMaxNs);
   backoff_until_ns_ = now_ns + backoff_ns_;
 }

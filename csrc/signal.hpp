@@ -79,9 +79,10 @@ class AdaptiveSpin {
 // the spin cap are spun through anyway; longer than kMaxDozeNs, a wake-up is
 // a small share. Where that spin loses its core (the caller's torch threads
 // still computing, or spinning after their last op, on the worker's CPU),
-// it only takes time from them: dozing stops for a window that doubles with
-// each such loss (from kDozeBackoffMinNs) and shrinks back after a doze that
-// kept its core.
+// it only takes time from them: after kLossesInARow such losses (one alone
+// comes now and then on a VM) dozing stops for a window that doubles each
+// time (from kDozeBackoffMinNs) and shrinks back after a doze that kept its
+// core.
 class WakeForecast {
  public:
   static constexpr int kWindow = 8;
@@ -90,6 +91,7 @@ class WakeForecast {
   static constexpr int64_t kMaxLeadNs = 1'000'000;
   static constexpr int64_t kDozeBackoffMinNs = 100'000'000;
   static constexpr int64_t kDozeBackoffMaxNs = 60'000'000'000;
+  static constexpr int kLossesInARow = 2;
   void observe(int64_t waited_ns);  // how long a wait took, until the command was posted
   // How long to sleep at the start of a wait at now_ns; 0: do not doze.
   int64_t doze_ns(int64_t now_ns) const;
@@ -104,6 +106,7 @@ class WakeForecast {
   int64_t waits_[kWindow] = {};
   int count_ = 0, next_ = 0;
   double late_ns_ = 50'000;  // mean lateness of the doze's timer
+  int losses_ = 0;  // dozes in a row whose spin lost its core
   int64_t backoff_ns_ = kDozeBackoffMinNs / 2;
   int64_t backoff_until_ns_ = INT64_MIN / 2;
 };
