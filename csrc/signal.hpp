@@ -70,7 +70,7 @@ class AdaptiveSpin {
 // steps: a policy on a GPU, a gradient step after every step) and steady,
 // sleeping through them and being woken by the next command puts the
 // wake-up on the step's path: on the 2-vCPU VMs a sleeping worker took
-// 0.14-0.23 ms to notice a command in SB3's SAC loop, about what its two
+// 0.16-0.23 ms to notice a command in SB3's SAC loop, about what its two
 // HalfCheetahs then took (docs/performance.md). So the
 // worker dozes: it sleeps on a timer until a lead before the shortest of its
 // last kWindow waits would end, then spins for the command. The timer's
