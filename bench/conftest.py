@@ -45,6 +45,9 @@ GOALS = [
     ("straggler-32-default-workers", "shmvec-async", "shmvec-lockstep", 1.0),
     # async mode's bookkeeping per batch, where nothing overlaps (no workers)
     ("cartpole-async-256-no-workers", "shmvec-async", "shmvec-lockstep", 0.95),
+    # async mode with an update after each rollout that needs torch's threads
+    ("async-ppo-mujoco-8", "shmvec-async", "sync", 1.0),
+    ("async-ppo-mujoco-8", "shmvec-async", "shmvec-async-held", 1.0),
     # a CNN policy at torch's own threads: never slower than DummyVecEnv
     ("sb3-ppo-atari-8", "shmvec", "dummy", 1),
     # a quick policy with an update that needs torch's threads: the same

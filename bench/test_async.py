@@ -5,7 +5,14 @@ worker and the caller's own slice: async mode's recv() steps the caller's
 envs where lock-step's step() does), CartPole-v1 with batch_size = num_envs // 2, and
 CartPole-v1 x256 without workers (a busy machine's default) in batches of 32:
 there the caller steps every env either way, so async mode's ratio is what
-its per-batch bookkeeping costs."""
+its per-batch bookkeeping costs.
+
+And a PPO-shaped loop in async mode (needs torch and MuJoCo): 8
+HalfCheetahs in batches of 4, 256-256 MLPs choosing the actions, and an
+update after each rollout that runs faster at torch's own threads, against
+SyncVectorEnv stepping the same loop in lock-step, and against async mode
+with torch held at the workers' free CPUs throughout (``torch_threads=N``,
+which shmvec did for the updates too before it foresaw them in async mode)."""
 
 import functools
 import time
@@ -68,3 +75,86 @@ def test_async_vs_lockstep(benchmark, case, mode):
         record(benchmark, case, f"shmvec-{mode}", rate, "steps_per_s")
     finally:
         envs.close()
+
+
+# The PPO-shaped loop: rollouts of ROLLOUT batches of 8 envs' steps, each
+# followed by an update (EPOCHS passes over the rollout's samples, as one
+# minibatch). UPDATES_WARM rollouts come first: two show the updates' period,
+# six are torch_threads' trials, one follows its choice.
+PPO_ENVS, PPO_BATCH, ROLLOUT, EPOCHS = 8, 4, 256, 10
+UPDATES_WARM, UPDATES_TIMED = 10, 6
+
+
+def ppo_shaped_rate(who: str) -> float:
+    """Steps/s of UPDATES_TIMED rollouts and their updates (see above),
+    torch at its own threads unless shmvec holds them."""
+    torch = pytest.importorskip("torch")
+    import gymnasium as gym
+
+    def mlp(inputs, outputs):
+        return torch.nn.Sequential(torch.nn.Linear(inputs, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256),
+                                   torch.nn.Tanh(), torch.nn.Linear(256, outputs))
+
+    torch.manual_seed(0)
+    make = env_factory("HalfCheetah-v5")
+    if who == "sync":
+        envs = gym.vector.SyncVectorEnv([make] * PPO_ENVS)
+    else:
+        # "held": torch at the one thread "auto" holds it to beside async mode's default workers
+        # (one per CPU but one), for the updates too.
+        held = {"torch_threads": 1} if who.endswith("held") else {}
+        envs = ShmVecEnv([make] * PPO_ENVS, batch_size=PPO_BATCH, **held)
+    obs_size, act_size = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    policy, value = mlp(obs_size, act_size), mlp(obs_size, 1)
+    optimizer = torch.optim.Adam([*policy.parameters(), *value.parameters()], lr=3e-4)
+    samples = torch.randn(ROLLOUT * PPO_ENVS, obs_size)
+
+    def act(obs):
+        with torch.no_grad():
+            return policy(torch.as_tensor(obs, dtype=torch.float32)).clamp(-1, 1).numpy()
+
+    last_obs = []  # lock-step's observations between rollouts
+
+    def rollout():
+        if who == "sync":
+            obs = last_obs.pop()
+            for _ in range(ROLLOUT):
+                obs = envs.step(act(obs))[0]
+            last_obs.append(obs)
+        else:
+            for _ in range(ROLLOUT * PPO_ENVS // PPO_BATCH):
+                obs, *_, infos = envs.recv()
+                envs.send(act(obs), infos["env_id"])
+
+    def update():
+        for _ in range(EPOCHS):
+            loss = policy(samples).pow(2).mean() + value(samples).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    try:
+        if who == "sync":
+            last_obs.append(envs.reset(seed=0)[0])
+        else:
+            envs.async_reset(seed=0)
+        for _ in range(UPDATES_WARM):
+            rollout()
+            update()
+        start = time.perf_counter()
+        for _ in range(UPDATES_TIMED):
+            rollout()
+            update()
+        return UPDATES_TIMED * ROLLOUT * PPO_ENVS / (time.perf_counter() - start)
+    finally:
+        envs.close()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("who", ["sync", "shmvec-async", "shmvec-async-held"])
+def test_async_ppo_shaped_loop(benchmark, who):
+    pytest.importorskip("mujoco")
+    case = f"async-ppo-mujoco-{PPO_ENVS}"
+    benchmark.group = case
+    rate = benchmark.pedantic(ppo_shaped_rate, args=(who,), rounds=1, iterations=1)
+    record(benchmark, case, who, rate, "steps_per_s")

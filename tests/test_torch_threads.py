@@ -307,34 +307,48 @@ def test_the_gaps_timed_run_from_a_steps_return_to_the_next_step(monkeypatch):
 # A loop that steps a rollout, then updates its policy (PPO's shape): torch
 # held at one thread while the workers step, and at one for the update too.
 # SB3's PPO on 8 HalfCheetahs (256-256 MLP, batch_size=2048) ran at 0.80x
-# DummyVecEnv so on 2 vCPUs, its update 1.6x slower. Once the updates have
-# come at a steady period, shmvec times some cycles (an update and the
-# rollout after it) with torch's threads back for the update and as many
-# without, and gives them back for every later update if that was faster.
+# DummyVecEnv so on 2 vCPUs, its update 1.6x slower; in async mode a loop of
+# that shape ran 0.72x as fast as with torch's threads back for its updates.
+# Once the updates have come at a steady period, shmvec times some cycles (an
+# update and the rollout after it) with torch's threads back for the update
+# and as many without, and gives them back for every later update if that was
+# faster. In async mode a step is a send(), and the gap runs to the next recv().
 ROLLOUTS = """
         import time
         from shmvec._engine.torch_threads import GapJudge
         TRIALS = GapJudge.TRIALS
         ROLLOUT = 40  # steps a rollout
         torch.set_num_threads(MANY)
-        envs = make()
-        envs.reset()
+        START
         in_rollouts, in_updates = set(), []
         for rollout in range(4 + 2 * TRIALS):
             for k in range(ROLLOUT):
-                envs.step(envs.action_space.sample())
+                STEP
                 if k < ROLLOUT - 1:
                     in_rollouts.add(torch.get_num_threads())
             in_updates.append(torch.get_num_threads())
             UPDATE  # the policy's update
         seen["rollouts"], seen["updates"] = sorted(in_rollouts), in_updates
-        envs.step(envs.action_space.sample())
+        STEP
         seen["stepping"] = torch.get_num_threads()
         envs.close()
         seen["closed"] = torch.get_num_threads()
         seen["TRIALS"] = TRIALS
 """
 FASTER_WITH_THREADS = "time.sleep(0.02 if torch.get_num_threads() > FREE else 0.06)"
+SLOWER_WITH_THREADS = "time.sleep(0.06 if torch.get_num_threads() > FREE else 0.02)"
+# How each mode makes its envs and steps them: (START, STEP).
+MODES = {
+    "lock-step": ("envs = make()\n        envs.reset()", "envs.step(envs.action_space.sample())"),
+    "async": ("envs = make(batch_size=1)\n        envs.async_reset(seed=0)",
+              'envs.send(envs.action_space.sample()[:1], envs.recv()[-1]["env_id"])'),
+}
+
+
+def rollouts(update: str, mode: str = "lock-step") -> str:
+    """ROLLOUTS with `update` as the update, in `mode`."""
+    start, step = MODES[mode]
+    return ROLLOUTS.replace("START", start).replace("STEP", step).replace("UPDATE", update)
 
 
 def updates(result: dict, trials: str) -> list[int]:
@@ -346,9 +360,10 @@ def updates(result: dict, trials: str) -> list[int]:
     return [held, held] + [{"B": back, "H": held}[t] for t in "BH" * result["TRIALS"]] + [choice, choice]
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("cpus", MACHINES)
-def test_torch_gets_its_threads_back_for_updates_that_run_faster_with_them(tmp_path, cpus):
-    result = run(ROLLOUTS.replace("UPDATE", FASTER_WITH_THREADS), tmp_path, cpus)
+def test_torch_gets_its_threads_back_for_updates_that_run_faster_with_them(tmp_path, cpus, mode):
+    result = run(rollouts(FASTER_WITH_THREADS, mode), tmp_path, cpus)
     free, back = result["FREE"], result["MANY"] - 1
     assert result["rollouts"] == [free]
     assert result["updates"] == updates(result, "B")
@@ -358,25 +373,25 @@ def test_torch_gets_its_threads_back_for_updates_that_run_faster_with_them(tmp_p
     assert f"{back} intra-op threads back" in given and "every 40 steps" in given
 
 
-def test_updates_slower_with_torch_threads_keep_them_held(tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_updates_slower_with_torch_threads_keep_them_held(tmp_path, mode):
     # A small policy's update (SB3's PPO on 8 CartPoles, a 64-64 MLP: 0.83x
     # as fast with them, torch's idle OpenMP thread spinning into the rollout).
     # (Slower by far, not level: a level update's choice is the noise's, and
     # once came out "faster with them" in a CI run.)
-    result = run(ROLLOUTS.replace("UPDATE", "time.sleep(0.06 if torch.get_num_threads() > FREE else 0.02)"), tmp_path)
+    result = run(rollouts(SLOWER_WITH_THREADS, mode), tmp_path)
     assert result["updates"] == updates(result, "H")
     assert len(performance_warnings(result)) == 1
 
 
 def test_long_gaps_at_no_steady_period_are_not_foreseen(tmp_path):
-    result = run(ROLLOUTS.replace("range(ROLLOUT)", "range(ROLLOUT + 7 * rollout)").replace(
-        "UPDATE", FASTER_WITH_THREADS), tmp_path)
+    result = run(rollouts(FASTER_WITH_THREADS).replace("range(ROLLOUT)", "range(ROLLOUT + 7 * rollout)"), tmp_path)
     assert result["rollouts"] == [result["FREE"]] and set(result["updates"]) == {result["FREE"]}
     assert len(performance_warnings(result)) == 1
 
 
 def test_a_setting_made_by_the_user_in_a_foreseen_gap_is_kept(tmp_path):
-    result = run(ROLLOUTS.replace("UPDATE", FASTER_WITH_THREADS + """
+    result = run(rollouts(FASTER_WITH_THREADS + """
             if rollout == 2:
                 torch.set_num_threads(3)"""), tmp_path, 16)
     assert result["updates"][:3] == [result["FREE"], result["FREE"], 16]
@@ -384,7 +399,7 @@ def test_a_setting_made_by_the_user_in_a_foreseen_gap_is_kept(tmp_path):
 
 
 def test_an_env_closed_in_a_foreseen_gap_restores_torch(tmp_path):
-    body = ROLLOUTS.replace("4 + 2 * TRIALS", "3").replace("UPDATE", FASTER_WITH_THREADS).replace(
+    body = rollouts(FASTER_WITH_THREADS).replace("4 + 2 * TRIALS", "3").replace(
         "        envs.step(envs.action_space.sample())\n        seen[\"stepping\"]", "        seen[\"stepping\"]")
     result = run(body, tmp_path)
     assert result["updates"][-1] == result["stepping"] == result["MANY"] - 1

@@ -32,6 +32,7 @@ from shmvec._engine.transport import raise_remote
 if TYPE_CHECKING:
     from shmvec._engine.engine import Engine
     from shmvec._engine.env_slice import EnvSlice
+    from shmvec._engine.torch_threads import TorchThreads
 
 __all__ = ["AsyncSteps", "RECORD_CAPACITY"]
 
@@ -45,8 +46,13 @@ class AsyncSteps:
     CHECK_EVERY_S = 0.02
     POLL_S = 0.001  # without workers, wait_finished()'s look at what another thread's send() queued
 
-    def __init__(self, engine: Engine, data: _core.Mapping, offset: int, own: EnvSlice | None):
+    def __init__(self, engine: Engine, data: _core.Mapping, offset: int, own: EnvSlice | None,
+                 torch_threads: TorchThreads):
         self._engine = engine
+        # Its judge (set while torch's threads are held for the workers) times
+        # the caller's time from a send() to the next recv(): an update there
+        # may get torch's threads back (see torch_threads.GapJudge).
+        self._torch_threads = torch_threads
         self._pool = engine.pool
         self._channel = engine.pool.channel
         self._info = engine.info_columns
@@ -83,7 +89,11 @@ class AsyncSteps:
         self._engine.check_owner()
         if self._pool.restart:
             self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
-        return self._channel.send_actions(ids, in_flight, views, values)
+        problem = self._channel.send_actions(ids, in_flight, views, values)
+        judge = self._torch_threads.judge
+        if judge is not None and not problem:
+            judge.step_returns()  # the caller's time away starts
+        return problem
 
     def recv(self, count: int, into: _core.RowQueue, discard: bool = False) -> None:
         """Waits for `count` envs to finish and appends their rows to `into`
@@ -97,6 +107,7 @@ class AsyncSteps:
         engine, pool = self._engine, self._pool
         engine.cycle.check_usable()
         engine.check_owner()
+        self._caller_returns()
         engine.restarted_rows = []
         if pool.restart and time.monotonic() >= self._next_check and self._restart():
             return
@@ -114,6 +125,7 @@ class AsyncSteps:
         info columns included, or None when one of its envs has a record
         (they wait in `finished` for recv()). Only with nothing in `finished`."""
         self._engine.check_owner()
+        self._caller_returns()
         self._step_own(count)
         pool, info = self._pool, self._info
         taken = self._channel.take_batch(count, pool.sentinels, pool.timeout, finished, in_flight, sources,
@@ -121,6 +133,13 @@ class AsyncSteps:
         if type(taken) is int:
             pool.check_wait(taken, self._workers_in_flight())  # raises
         return taken
+
+    def _caller_returns(self) -> None:
+        """The caller's time away since its last send() ends (a recv() may
+        call this twice: the second finds no time away under way)."""
+        judge = self._torch_threads.judge
+        if judge is not None:
+            judge.command_begins(True)
 
     def _step_own(self, count: int) -> None:
         """Steps the caller's own queued envs while fewer than `count` envs

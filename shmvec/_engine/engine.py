@@ -226,7 +226,8 @@ class Engine(CommandRunner):
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
         if self.async_mode:
-            self.async_steps = AsyncSteps(self, self._data, self.layout.async_offset, self._caller)
+            self.async_steps = AsyncSteps(self, self._data, self.layout.async_offset, self._caller,
+                                          self._torch_threads)
         if self.num_workers:
             self._attach_request = P.dumps((self.layout, obs_space, act_space, autoreset_code))
             self.transport.request(P.ATTACH, [self._attach_request] * self.num_workers)

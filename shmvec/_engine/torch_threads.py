@@ -29,7 +29,9 @@ The workers sleep through an update, and a large one needs the threads
 0.84x DummyVecEnv with torch held throughout, its update 1.6x slower;
 1.09x given back for the updates). A small policy's update does not (SB3's
 PPO on 8 CartPoles and CleanRL's ppo.py ran 0.83x and 0.80x as fast with
-torch's threads given back for every update).
+torch's threads given back for every update). Async mode does the same for
+an update after a rollout's last send(); it keeps torch held between recv()
+and send(), where its workers step while the policy runs.
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ class _Series:
 class GapJudge:
     """Times the caller's time away from its envs between lock-step steps:
     from a step's return to the next command, the policy's time (or its
-    update's). Two uses:
+    update's). In async mode a send() is a step, and the time away runs to
+    the next recv() (or other command): an update after a rollout's last
+    send(), where the workers finish the envs in flight and sleep. Two uses:
 
     - the median of the first `STEPS` gaps between two steps goes to
       `decide`;
@@ -232,7 +236,7 @@ class TorchThreads:
         self._holding = False
         self._seen_torch = False
         # Set while "auto" holds torch below its own count because of the
-        # workers, in lock-step: the engine times the gaps between steps.
+        # workers: the engine times the gaps between steps (sends in async mode).
         self.judge: GapJudge | None = None
         self.look()
 
@@ -273,10 +277,13 @@ class TorchThreads:
                        "torch_threads=None to keep torch's setting.")
         _Lowered.holders += 1
         self._holding = True
-        if (setting == "auto" and self._lock_step and worker_processes and not _Lowered.timed
+        if (setting == "auto" and worker_processes and not _Lowered.timed
                 and _Lowered.set_to is not None and _Lowered.set_to < _Lowered.original):
             _Lowered.timed = True
-            self.judge = GapJudge(self._judged, self._give_for_gap, self._hold_after_gap, self._chose)
+            # Async mode's workers step while the caller is away: no threads
+            # for good for long gaps, only for foreseen ones that a trial found faster so.
+            decide = self._judged if self._lock_step else (lambda gap_ns: None)
+            self.judge = GapJudge(decide, self._give_for_gap, self._hold_after_gap, self._chose)
 
     def _unheld(self) -> int:
         """Torch's own count, up to the CPUs other programs leave."""
