@@ -222,10 +222,20 @@ def test_bad_seeds(closing):
     for seed in (1.5, [1.5, 2, 3], [1, 2, "3"], "3", {"seed": 1}, [None, 2.0, None]):
         with pytest.raises((TypeError, ValueError), match="seed"):
             envs.reset(seed=seed)
+    # Stricter than SyncVectorEnv, which reads a bool seed as 1 and passes
+    # options of any type on to each env's reset().
+    for seed in (True, [True, None, 2]):
+        with pytest.raises(TypeError, match="seed"):
+            envs.reset(seed=seed)
+    with pytest.raises(TypeError, match="options must be a dict or None, got list"):
+        envs.reset(options=[])
     # No env was reset by any of these: still in step with the reference.
     for t in range(5):
         step_both(envs, ref, ref.action_space.sample(), f"step {t} after the bad seeds")
     assert_same(envs.reset(seed=[3, None, 4]), ref.reset(seed=[3, None, 4]))
+    # numpy ints (which SyncVectorEnv refuses) are seeds like Python's.
+    assert_same(envs.reset(seed=np.int64(7)), ref.reset(seed=7))
+    assert_same(envs.reset(seed=np.arange(3)), ref.reset(seed=[0, 1, 2]))
 
 
 def test_set_attr_with_the_wrong_number_of_values_like_sync(closing):

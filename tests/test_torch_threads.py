@@ -351,13 +351,13 @@ def rollouts(update: str, mode: str = "lock-step") -> str:
     return ROLLOUTS.replace("START", start).replace("STEP", step).replace("UPDATE", update)
 
 
-def updates(result: dict, trials: str) -> list[int]:
+def updates(result: dict, chosen: str) -> list[int]:
     """Torch's threads as each update begins: the first two show the
     period; then the trials, threads back ("B") or held ("H") alternately;
-    then the choice, for good."""
-    back, held = result["MANY"] - 1, result["FREE"]
-    choice = {"B": back, "H": held}[trials[-1]]
-    return [held, held] + [{"B": back, "H": held}[t] for t in "BH" * result["TRIALS"]] + [choice, choice]
+    then the trials' choice, `chosen` ("B" or "H"), for the last two."""
+    threads = {"B": result["MANY"] - 1, "H": result["FREE"]}
+    trials = [threads[t] for t in "BH" * result["TRIALS"]]
+    return [threads["H"]] * 2 + trials + [threads[chosen]] * 2
 
 
 @pytest.mark.parametrize("mode", MODES)
