@@ -1,5 +1,6 @@
 import os
 import pathlib
+import signal
 
 import pytest
 
@@ -15,6 +16,11 @@ def pytest_sessionstart(session):
     if where == SOURCE_TREE / "shmvec" and not os.environ.get("SHMVEC_ALLOW_SOURCE_TREE"):
         pytest.exit(f"shmvec was imported from the source tree ({where}); run `pip install .` and "
                     "run pytest from the repository root with the `pytest` command", returncode=3)
+    # A shell starts a background job (`pytest &`, `nohup pytest &` from a
+    # script) with SIGINT ignored, and Python then raises no KeyboardInterrupt:
+    # the Ctrl-C tests need it, as a user's terminal gives it.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -331,9 +331,11 @@ class TorchThreads:
         global _told_gaps
         if given_ns < GapJudge.GAIN * held_ns and not _told_gaps:
             _told_gaps = True
+            steps, next_step = (("steps", "the next step") if self._lock_step
+                                else ("send() calls", "the next recv()"))
             warn_performance(f"shmvec gives torch its {self._unheld()} intra-op threads back for the long gap "
-                             f"this loop makes every {period} steps (its update, say), while shmvec's workers "
-                             f"sleep, and holds it at {_Lowered.set_to} again at the next step: timed both ways, "
+                             f"this loop makes every {period} {steps} (its update, say), while shmvec's workers "
+                             f"sleep, and holds it at {_Lowered.set_to} again at {next_step}: timed both ways, "
                              f"such a gap and the steps after it took {given_ns / 1e6:.1f} ms with them and "
                              f"{held_ns / 1e6:.1f} ms without (medians of {GapJudge.TRIALS}).")
 
