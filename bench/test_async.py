@@ -11,8 +11,9 @@ And a PPO-shaped loop in async mode (needs torch and MuJoCo): 8
 HalfCheetahs in batches of 4, 256-256 MLPs choosing the actions, and an
 update after each rollout that runs faster at torch's own threads, against
 SyncVectorEnv stepping the same loop in lock-step, and against async mode
-with torch held at the workers' free CPUs throughout (``torch_threads=N``,
-which shmvec did for the updates too before it foresaw them in async mode)."""
+with torch held at the one CPU its default workers leave throughout
+(``torch_threads=1``: what shmvec did for the updates too before it foresaw
+them in async mode)."""
 
 import functools
 import time
@@ -80,7 +81,7 @@ def test_async_vs_lockstep(benchmark, case, mode):
 # The PPO-shaped loop: rollouts of ROLLOUT batches of 8 envs' steps, each
 # followed by an update (EPOCHS passes over the rollout's samples, as one
 # minibatch). UPDATES_WARM rollouts come first: two show the updates' period,
-# six are torch_threads' trials, one follows its choice.
+# six are torch_threads' trials, two follow its choice.
 PPO_ENVS, PPO_BATCH, ROLLOUT, EPOCHS = 8, 4, 256, 10
 UPDATES_WARM, UPDATES_TIMED = 10, 6
 
