@@ -114,18 +114,17 @@ def ppo_shaped_rate(who: str) -> float:
         with torch.no_grad():
             return policy(torch.as_tensor(obs, dtype=torch.float32)).clamp(-1, 1).numpy()
 
-    last_obs = []  # lock-step's observations between rollouts
+    obs = None  # lock-step's observations between rollouts
 
-    def rollout():
-        if who == "sync":
-            obs = last_obs.pop()
-            for _ in range(ROLLOUT):
-                obs = envs.step(act(obs))[0]
-            last_obs.append(obs)
-        else:
-            for _ in range(ROLLOUT * PPO_ENVS // PPO_BATCH):
-                obs, *_, infos = envs.recv()
-                envs.send(act(obs), infos["env_id"])
+    def lock_step_rollout():
+        nonlocal obs
+        for _ in range(ROLLOUT):
+            obs = envs.step(act(obs))[0]
+
+    def async_rollout():
+        for _ in range(ROLLOUT * PPO_ENVS // PPO_BATCH):
+            batch, *_, infos = envs.recv()
+            envs.send(act(batch), infos["env_id"])
 
     def update():
         for _ in range(EPOCHS):
@@ -136,9 +135,11 @@ def ppo_shaped_rate(who: str) -> float:
 
     try:
         if who == "sync":
-            last_obs.append(envs.reset(seed=0)[0])
+            obs = envs.reset(seed=0)[0]
+            rollout = lock_step_rollout
         else:
             envs.async_reset(seed=0)
+            rollout = async_rollout
         for _ in range(UPDATES_WARM):
             rollout()
             update()
