@@ -48,6 +48,8 @@ GOALS = [
     # async mode with an update after each rollout that needs torch's threads
     ("async-ppo-mujoco-8", "shmvec-async", "sync", 1.0),
     ("async-ppo-mujoco-8", "shmvec-async", "shmvec-async-held", 1.0),
+    # the same with the update between a rollout's last recv() and its send()
+    ("async-ppo-mujoco-8", "shmvec-async-recv-update", "sync", 1.0),
     # a CNN policy at torch's own threads: never slower than DummyVecEnv
     ("sb3-ppo-atari-8", "shmvec", "dummy", 1),
     # a quick policy with an update that needs torch's threads: the same

@@ -13,7 +13,9 @@ update after each rollout that runs faster at torch's own threads, against
 SyncVectorEnv stepping the same loop in lock-step, and against async mode
 with torch held at the one CPU its default workers leave throughout
 (``torch_threads=1``: what shmvec did for the updates too before it foresaw
-them in async mode)."""
+them in async mode). The row "shmvec-async-recv-update" runs the
+update between a rollout's last recv() and its send() instead of after the
+send() (shmvec foresaw only the latter before 2026-11-29)."""
 
 import functools
 import time
@@ -80,8 +82,9 @@ def test_async_vs_lockstep(benchmark, case, mode):
 
 # The PPO-shaped loop: rollouts of ROLLOUT batches of 8 envs' steps, each
 # followed by an update (EPOCHS passes over the rollout's samples, as one
-# minibatch). UPDATES_WARM rollouts come first: two show the updates' period,
-# six are torch_threads' trials, two follow its choice.
+# minibatch). UPDATES_WARM rollouts come first: two show the updates' period
+# (three with the update after a recv(), whose first comes one step later),
+# six are torch_threads' trials, the rest follow its choice.
 PPO_ENVS, PPO_BATCH, ROLLOUT, EPOCHS = 8, 4, 256, 10
 UPDATES_WARM, UPDATES_TIMED = 10, 6
 
@@ -121,11 +124,6 @@ def ppo_shaped_rate(who: str) -> float:
         for _ in range(ROLLOUT):
             obs = envs.step(act(obs))[0]
 
-    def async_rollout():
-        for _ in range(ROLLOUT * PPO_ENVS // PPO_BATCH):
-            batch, *_, infos = envs.recv()
-            envs.send(act(batch), infos["env_id"])
-
     def update():
         for _ in range(EPOCHS):
             loss = policy(samples).pow(2).mean() + value(samples).pow(2).mean()
@@ -133,27 +131,39 @@ def ppo_shaped_rate(who: str) -> float:
             loss.backward()
             optimizer.step()
 
+    def lock_step_cycle():
+        lock_step_rollout()
+        update()
+
+    def async_cycle():
+        batches = ROLLOUT * PPO_ENVS // PPO_BATCH
+        for k in range(batches):
+            batch, *_, infos = envs.recv()
+            if k == batches - 1 and who.endswith("recv-update"):
+                update()
+            envs.send(act(batch), infos["env_id"])
+        if not who.endswith("recv-update"):
+            update()
+
     try:
         if who == "sync":
             obs = envs.reset(seed=0)[0]
-            rollout = lock_step_rollout
+            cycle = lock_step_cycle
         else:
             envs.async_reset(seed=0)
-            rollout = async_rollout
+            cycle = async_cycle
         for _ in range(UPDATES_WARM):
-            rollout()
-            update()
+            cycle()
         start = time.perf_counter()
         for _ in range(UPDATES_TIMED):
-            rollout()
-            update()
+            cycle()
         return UPDATES_TIMED * ROLLOUT * PPO_ENVS / (time.perf_counter() - start)
     finally:
         envs.close()
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("who", ["sync", "shmvec-async", "shmvec-async-held"])
+@pytest.mark.parametrize("who", ["sync", "shmvec-async", "shmvec-async-recv-update", "shmvec-async-held"])
 def test_async_ppo_shaped_loop(benchmark, who):
     pytest.importorskip("mujoco")
     case = f"async-ppo-mujoco-{PPO_ENVS}"

@@ -96,13 +96,19 @@ class SendRecv:
         """Waits for ``batch_size`` envs to finish and returns their
         (observations, rewards, terminations, truncations, infos), in the
         order they finished; ``infos["env_id"]`` says which envs they are."""
+        batch = self._next_batch()  # and kept in _handed_out: a Ctrl-C from here leaves it to the next recv()
+        self._engine.async_steps.batch_returned()
+        self._handed_out = None
+        return batch
+
+    def _next_batch(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """recv()'s batch, left in _handed_out for recv() to clear."""
         if self._cycle.phase is not IDLE:  # an interrupted async_reset() to finish, or a refusal
             self._finish_interrupted_reset()
             self._cycle.check_usable()
         check_async(self, "recv")
         if self._handed_out is not None:  # a Ctrl-C came as the last recv() returned it
-            result, self._handed_out = self._handed_out, None
-            return result
+            return self._handed_out
         available = len(self._reset_ready) + int(np.count_nonzero(self._in_flight))
         if available < self.batch_size:
             if self._cycle.phase is NEEDS_RESET:
@@ -123,7 +129,6 @@ class SendRecv:
             # Not with restarts, whose batches io.remember() below.
             batch = steps.take_batch(stepped, self._finished, self._in_flight, sources, self)
             if batch is not None:
-                self._handed_out = None
                 return batch
         while len(self._finished) < stepped:
             steps.recv(stepped - len(self._finished), self._finished)
@@ -151,7 +156,6 @@ class SendRecv:
             _core.run_holding_interrupt(self._hand_out_resets, resets, stepped, result)
         else:
             _core.hand_out(self._finished, stepped, self._in_flight, self, result)
-        self._handed_out = None
         return result
 
     def _hand_out_resets(self, resets: int, stepped: int, result: tuple) -> None:

@@ -312,7 +312,9 @@ def test_the_gaps_timed_run_from_a_steps_return_to_the_next_step(monkeypatch):
 # Once the updates have come at a steady period, shmvec times some cycles (an
 # update and the rollout after it) with torch's threads back for the update
 # and as many without, and gives them back for every later update if that was
-# faster. In async mode a step is a send(), and the gap runs to the next recv().
+# faster. In async mode a send() and a recv() each count as a step: the
+# update may come after a rollout's last send() or between its last recv()
+# and the send() after it.
 ROLLOUTS = """
         import time
         from shmvec._engine.torch_threads import GapJudge
@@ -342,6 +344,10 @@ MODES = {
     "lock-step": ("envs = make()\n        envs.reset()", "envs.step(envs.action_space.sample())"),
     "async": ("envs = make(batch_size=1)\n        envs.async_reset(seed=0)",
               'envs.send(envs.action_space.sample()[:1], envs.recv()[-1]["env_id"])'),
+    # The update between a rollout's last recv() and its send().
+    "async-update-after-recv": (
+        'envs = make(batch_size=1)\n        envs.async_reset(seed=0)\n        ids = envs.recv()[-1]["env_id"]',
+        'envs.send(envs.action_space.sample()[:1], ids); ids = envs.recv()[-1]["env_id"]'),
 }
 
 
@@ -351,13 +357,16 @@ def rollouts(update: str, mode: str = "lock-step") -> str:
     return ROLLOUTS.replace("START", start).replace("STEP", step).replace("UPDATE", update)
 
 
-def updates(result: dict, chosen: str) -> list[int]:
+def updates(result: dict, chosen: str, mode: str = "lock-step") -> list[int]:
     """Torch's threads as each update begins: the first two show the
     period; then the trials, threads back ("B") or held ("H") alternately;
-    then the trials' choice, `chosen` ("B" or "H"), for the last two."""
+    then the trials' choice, `chosen` ("B" or "H"), for the last two. With
+    the update after a recv(), the first is one step further from the
+    making than the period (the first recv()), and the third shows it."""
     threads = {"B": result["MANY"] - 1, "H": result["FREE"]}
     trials = [threads[t] for t in "BH" * result["TRIALS"]]
-    return [threads["H"]] * 2 + trials + [threads[chosen]] * 2
+    found = 3 if mode == "async-update-after-recv" else 2
+    return [threads["H"]] * found + trials + [threads[chosen]] * (4 - found)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -366,12 +375,12 @@ def test_torch_gets_its_threads_back_for_updates_that_run_faster_with_them(tmp_p
     result = run(rollouts(FASTER_WITH_THREADS, mode), tmp_path, cpus)
     free, back = result["FREE"], result["MANY"] - 1
     assert result["rollouts"] == [free]
-    assert result["updates"] == updates(result, "B")
+    assert result["updates"] == updates(result, "B", mode)
     assert (result["stepping"], result["closed"]) == (free, result["MANY"])
     lowered, given = performance_warnings(result)
     assert f"torch.set_num_threads({free})" in lowered
     assert f"{back} intra-op threads back" in given
-    assert ("every 40 steps" if mode == "lock-step" else "every 40 send() calls") in given
+    assert ("every 40 steps" if mode == "lock-step" else "every 80 recv() and send() calls") in given
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -381,7 +390,7 @@ def test_updates_slower_with_torch_threads_keep_them_held(tmp_path, mode):
     # (Slower by far, not level: a level update's choice is the noise's, and
     # once came out "faster with them" in a CI run.)
     result = run(rollouts(SLOWER_WITH_THREADS, mode), tmp_path)
-    assert result["updates"] == updates(result, "H")
+    assert result["updates"] == updates(result, "H", mode)
     assert len(performance_warnings(result)) == 1
 
 
@@ -407,6 +416,38 @@ def test_an_env_closed_in_a_foreseen_gap_restores_torch(tmp_path):
     assert result["closed"] == result["MANY"]
 
 
+class JudgedLoop:
+    """A GapJudge on a clock the test moves. Each step() takes 50 us, then
+    the caller is away for `away(given)` ns, `given`: whether torch got its
+    threads back for that gap. Records the steps after which it did
+    (`gave`) and the trials' choices (`chosen`)."""
+
+    def __init__(self, monkeypatch):
+        from shmvec._engine import torch_threads
+
+        self.now = self.steps = 0
+        self.given = False
+        self.gave, self.chosen = [], []
+        monkeypatch.setattr(torch_threads.time, "perf_counter_ns", lambda: self.now)
+        self.judge = torch_threads.GapJudge(lambda median: None, self._give, self._hold,
+                                            lambda *args: self.chosen.append(args))
+
+    def _give(self) -> bool:
+        self.gave.append(self.steps)
+        self.given = True
+        return True
+
+    def _hold(self) -> None:
+        self.given = False
+
+    def step(self, away) -> None:
+        self.judge.command_begins(step=True)
+        self.now += 50_000
+        self.steps += 1
+        self.judge.step_returns()
+        self.now += away(self.given)
+
+
 def test_updates_are_foreseen_among_other_long_gaps_and_tried(monkeypatch):
     """A PPO update after each rollout of 10 steps (20 ms with torch's
     threads, 40 ms without), and episodes that end every 12 steps, whose
@@ -415,37 +456,31 @@ def test_updates_are_foreseen_among_other_long_gaps_and_tried(monkeypatch):
     back for good after their trials; no short gap is foreseen."""
     from shmvec._engine import torch_threads
 
-    now, steps, given = [0], [0], [False]
-    gave, chosen = [], []
-
-    def give():
-        gave.append(steps[0])
-        given[0] = True
-        return True
-
-    def hold():
-        given[0] = False
-
-    monkeypatch.setattr(torch_threads.time, "perf_counter_ns", lambda: now[0])
-    judge = torch_threads.GapJudge(lambda median: None, give, hold, lambda *args: chosen.append(args))
+    loop = JudgedLoop(monkeypatch)
     for step in range(1, 201):
-        judge.command_begins(step=True)
-        now[0] += 50_000  # the step
-        steps[0] = step
-        judge.step_returns()
-        gap = 100_000
-        if step % 12 == 3:
-            gap += 3_000_000
-        if step % 10 == 0:
-            gap += 20_000_000 if given[0] else 40_000_000
-        now[0] += gap
-    assert sorted(period for period, _, _ in chosen) == [10, 12]
-    assert [given < held for period, given, held in chosen if period == 10] == [True]
+        episode_end = 3_000_000 if step % 12 == 3 else 0
+        loop.step(lambda given: 100_000 + episode_end + (step % 10 == 0) * (20_000_000 if given else 40_000_000))
+    assert sorted(period for period, _, _ in loop.chosen) == [10, 12]
+    assert [given < held for period, given, held in loop.chosen if period == 10] == [True]
     # Updates: found at step 20 (0, 10, 20); the median judged at the 33rd step; trials from step 40.
     trials = 2 * torch_threads.GapJudge.TRIALS
-    assert [n for n in gave if n % 10 == 0] == list(range(40, 40 + 10 * trials, 20)) + list(
+    assert [n for n in loop.gave if n % 10 == 0] == list(range(40, 40 + 10 * trials, 20)) + list(
         range(40 + 10 * trials, 201, 10))
-    assert {n for n in gave if n % 10} <= {n for n in range(201) if n % 12 == 3}
+    assert {n for n in loop.gave if n % 10} <= {n for n in range(201) if n % 12 == 3}
+
+
+def test_a_long_policy_at_every_batch_is_not_an_update(monkeypatch):
+    """Async mode with a policy that takes longer than the workers' spin
+    cap at every batch (a CNN's forward pass, 3 ms, between each recv() and
+    send()), and an update after every 40th send(): only the updates are
+    foreseen and tried; the policy's gaps keep torch held, as the workers
+    step meanwhile."""
+    loop = JudgedLoop(monkeypatch)
+    for batch in range(1, 401):
+        loop.step(lambda given: 3_000_000)  # recv(), then the policy
+        loop.step(lambda given: 50_000 + (batch % 40 == 0) * (20_000_000 if given else 40_000_000))  # send()
+    assert [(period, given < held) for period, given, held in loop.chosen] == [(80, True)]
+    assert loop.gave and all(n % 80 == 0 for n in loop.gave)
 
 
 def test_the_trial_runs_again_and_follows_a_change(monkeypatch):
@@ -454,24 +489,11 @@ def test_the_trial_runs_again_and_follows_a_change(monkeypatch):
     from shmvec._engine import torch_threads
 
     monkeypatch.setattr(torch_threads.GapJudge, "AGAIN", 10)
-    now, steps, given = [0], [0], [False]
-    gave = []
-
-    def give():
-        gave.append(steps[0])
-        given[0] = True
-        return True
-
-    monkeypatch.setattr(torch_threads.time, "perf_counter_ns", lambda: now[0])
-    judge = torch_threads.GapJudge(lambda median: None, give, lambda: given.__setitem__(0, False))
+    loop = JudgedLoop(monkeypatch)
     for step in range(1, 501):
-        judge.command_begins(step=True)
-        steps[0] = step
-        judge.step_returns()
-        now[0] += 100_000
-        if step % 10 == 0:
-            faster = 20_000_000 if step < 200 else 60_000_000  # with the threads
-            now[0] += faster if given[0] else 40_000_000
+        faster = 20_000_000 if step < 200 else 60_000_000  # with the threads
+        loop.step(lambda given: 100_000 + (step % 10 == 0) * (faster if given else 40_000_000))
+    gave = loop.gave
     trials = 2 * torch_threads.GapJudge.TRIALS
     first = list(range(40, 40 + 10 * trials, 20)) + list(range(40 + 10 * trials, 40 + 10 * trials + 100, 10))
     again = 40 + 10 * trials + 100

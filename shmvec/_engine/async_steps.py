@@ -50,8 +50,9 @@ class AsyncSteps:
                  torch_threads: TorchThreads):
         self._engine = engine
         # Its judge (set while torch's threads are held for the workers) times
-        # the caller's time from a send() to the next recv(): an update there
-        # may get torch's threads back (see torch_threads.GapJudge).
+        # the caller's time away from a send() to the next recv() and from a
+        # recv() to the next send(): an update in either may get torch's
+        # threads back (see torch_threads.GapJudge).
         self._torch_threads = torch_threads
         self._pool = engine.pool
         self._channel = engine.pool.channel
@@ -89,8 +90,10 @@ class AsyncSteps:
         self._engine.check_owner()
         if self._pool.restart:
             self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
-        problem = self._channel.send_actions(ids, in_flight, views, values)
         judge = self._torch_threads.judge
+        if judge is not None:
+            judge.command_begins(True)  # the caller's time away since its recv() ends
+        problem = self._channel.send_actions(ids, in_flight, views, values)
         if judge is not None and not problem:
             judge.step_returns()  # the caller's time away starts
         return problem
@@ -135,11 +138,17 @@ class AsyncSteps:
         return taken
 
     def _caller_returns(self) -> None:
-        """The caller's time away since its last send() ends (a recv() may
-        call this twice: the second finds no time away under way)."""
+        """The caller's time away since its last send() (or recv()) ends (a
+        recv() may call this twice: the second finds no time away under way)."""
         judge = self._torch_threads.judge
         if judge is not None:
             judge.command_begins(True)
+
+    def batch_returned(self) -> None:
+        """recv() returns a batch: the caller's time away starts."""
+        judge = self._torch_threads.judge
+        if judge is not None:
+            judge.step_returns()
 
     def _step_own(self, count: int) -> None:
         """Steps the caller's own queued envs while fewer than `count` envs

@@ -30,8 +30,9 @@ The workers sleep through an update, and a large one needs the threads
 1.09x given back for the updates). A small policy's update does not (SB3's
 PPO on 8 CartPoles and CleanRL's ppo.py ran 0.83x and 0.80x as fast with
 torch's threads given back for every update). Async mode does the same for
-an update after a rollout's last send(); it keeps torch held between recv()
-and send(), where its workers step while the policy runs.
+an update after a rollout's last send(), or between its last recv() and
+the send() after it; other gaps keep torch held (the workers step while
+the policy runs), as do foreseen ones whose trial found no gain.
 """
 
 from __future__ import annotations
@@ -85,9 +86,11 @@ class _Series:
 class GapJudge:
     """Times the caller's time away from its envs between lock-step steps:
     from a step's return to the next command, the policy's time (or its
-    update's). In async mode a send() is a step, and the time away runs to
-    the next recv() (or other command): an update after a rollout's last
-    send(), where the workers finish the envs in flight and sleep. Two uses:
+    update's). In async mode a send() and a recv() each count as a step,
+    and the time away runs to the next of them (or other command): an
+    update after a rollout's last send(), or between its last recv() and
+    the send() after it, where the workers finish the envs in flight and
+    sleep. Two uses:
 
     - the median of the first `STEPS` gaps between two steps goes to
       `decide`;
@@ -97,7 +100,8 @@ class GapJudge:
       a row are not long. Steps count from the env's making, where a
       rollout often starts; several such series may run at once (the
       updates, and evaluations every so many steps), and gaps a series
-      foresees are not looked at again (they would show its multiples).
+      foresees are not looked at again (they would show its multiples),
+      nor are long gaps at (nearly) every step, the policy's own (`OWN_SPAN`).
       Once `decide` has had its median, `TRIALS` gaps of a series get
       torch's threads back (`give`, which says whether it did; `hold` at the
       next command) and as many do not, alternately, each timed with the
@@ -113,6 +117,11 @@ class GapJudge:
     # once instead of spinning (csrc/signal.hpp, AdaptiveSpin::kSpinCapNs).
     LONG_NS = _core.SPIN_CAP_NS
     KEPT = 8  # the last long gaps looked at for a period
+    # A long gap within this many steps of an alike one is the policy's own
+    # time at every step (every batch in async mode, a recv() and a send()
+    # apart), not an update's: the workers step meanwhile in async mode, and
+    # such gaps would crowd the updates out of the KEPT.
+    OWN_SPAN = 2
     SERIES = 4  # at most this many foreseen at once
     TRIALS = 3  # cycles timed with torch's threads back, and as many without
     GAIN = 0.97  # threads back for good only if their cycles' median is under this share of the others'
@@ -125,6 +134,7 @@ class GapJudge:
         self._steps = 0  # steps returned
         # The last long gaps: (the step after which each came, its ns); the making's is like any.
         self._long_after: collections.deque[tuple[int, int | None]] = collections.deque([(0, None)], maxlen=self.KEPT)
+        self._last_long: tuple[int, int] | None = None  # the last long gap not foreseen, the policy's own included
         self._due: dict[int, list[_Series]] = {}  # the step after which a series' next gap is foreseen
         self._foreseen: list[_Series] = []  # the series whose gap is under way
         self._given = False  # torch's threads, for the gap under way
@@ -157,6 +167,9 @@ class GapJudge:
         def alike(other: int | None) -> bool:
             return other is None or (gap <= 4 * other and other <= 4 * gap)
 
+        last, self._last_long = self._last_long, (n, gap)
+        if last is not None and n - last[0] <= self.OWN_SPAN and alike(last[1]):
+            return  # the policy's own
         seen = self._long_after
         earlier = {m for m, other in seen if alike(other)}
         seen.append((n, gap))
@@ -236,7 +249,7 @@ class TorchThreads:
         self._holding = False
         self._seen_torch = False
         # Set while "auto" holds torch below its own count because of the
-        # workers: the engine times the gaps between steps (sends in async mode).
+        # workers: the engine times the gaps between steps (recv() and send() in async mode).
         self.judge: GapJudge | None = None
         self.look()
 
@@ -332,7 +345,7 @@ class TorchThreads:
         if given_ns < GapJudge.GAIN * held_ns and not _told_gaps:
             _told_gaps = True
             steps, next_step = (("steps", "the next step") if self._lock_step
-                                else ("send() calls", "the next recv()"))
+                                else ("recv() and send() calls", "the next of them"))
             warn_performance(f"shmvec gives torch its {self._unheld()} intra-op threads back for the long gap "
                              f"this loop makes every {period} {steps} (its update, say), while shmvec's workers "
                              f"sleep, and holds it at {_Lowered.set_to} again at {next_step}: timed both ways, "
