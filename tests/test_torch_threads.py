@@ -422,7 +422,7 @@ class JudgedLoop:
     threads back for that gap. Records the steps after which it did
     (`gave`) and the trials' choices (`chosen`)."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, batch_steps: int = 1):
         from shmvec._engine import torch_threads
 
         self.now = self.steps = 0
@@ -430,7 +430,7 @@ class JudgedLoop:
         self.gave, self.chosen = [], []
         monkeypatch.setattr(torch_threads.time, "perf_counter_ns", lambda: self.now)
         self.judge = torch_threads.GapJudge(lambda median: None, self._give, self._hold,
-                                            lambda *args: self.chosen.append(args))
+                                            lambda *args: self.chosen.append(args), batch_steps)
 
     def _give(self) -> bool:
         self.gave.append(self.steps)
@@ -475,7 +475,7 @@ def test_a_long_policy_at_every_batch_is_not_an_update(monkeypatch):
     send()), and an update after every 40th send(): only the updates are
     foreseen and tried; the policy's gaps keep torch held, as the workers
     step meanwhile."""
-    loop = JudgedLoop(monkeypatch)
+    loop = JudgedLoop(monkeypatch, batch_steps=2)
     for batch in range(1, 401):
         loop.step(lambda given: 3_000_000)  # recv(), then the policy
         loop.step(lambda given: 50_000 + (batch % 40 == 0) * (20_000_000 if given else 40_000_000))  # send()

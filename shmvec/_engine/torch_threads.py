@@ -101,7 +101,7 @@ class GapJudge:
       rollout often starts; several such series may run at once (the
       updates, and evaluations every so many steps), and gaps a series
       foresees are not looked at again (they would show its multiples),
-      nor are long gaps at (nearly) every step, the policy's own (`OWN_SPAN`).
+      nor are long gaps at every batch, the policy's own (`batch_steps`).
       Once `decide` has had its median, `TRIALS` gaps of a series get
       torch's threads back (`give`, which says whether it did; `hold` at the
       next command) and as many do not, alternately, each timed with the
@@ -117,18 +117,19 @@ class GapJudge:
     # once instead of spinning (csrc/signal.hpp, AdaptiveSpin::kSpinCapNs).
     LONG_NS = _core.SPIN_CAP_NS
     KEPT = 8  # the last long gaps looked at for a period
-    # A long gap within this many steps of an alike one is the policy's own
-    # time at every step (every batch in async mode, a recv() and a send()
-    # apart), not an update's: the workers step meanwhile in async mode, and
-    # such gaps would crowd the updates out of the KEPT.
-    OWN_SPAN = 2
     SERIES = 4  # at most this many foreseen at once
     TRIALS = 3  # cycles timed with torch's threads back, and as many without
     GAIN = 0.97  # threads back for good only if their cycles' median is under this share of the others'
     AGAIN = 100  # gaps of a series after which its trial runs again (a choice made in a noisy stretch does not last)
 
-    def __init__(self, decide, give=lambda: False, hold=lambda: None, chosen=lambda period, given, held: None):
+    def __init__(self, decide, give=lambda: False, hold=lambda: None, chosen=lambda period, given, held: None,
+                 batch_steps: int = 1):
         self._decide, self._give, self._hold, self._chosen = decide, give, hold, chosen
+        # A long gap within a batch's steps (2 in async mode: a recv() and a
+        # send()) of an alike one is the policy's own time at every batch, not
+        # an update's: the workers step meanwhile in async mode, and such gaps
+        # would crowd the updates out of the KEPT.
+        self._batch_steps = batch_steps
         self._left_ns: int | None = None
         self._gaps: list[int] | None = []  # None once decided
         self._steps = 0  # steps returned
@@ -168,7 +169,7 @@ class GapJudge:
             return other is None or (gap <= 4 * other and other <= 4 * gap)
 
         last, self._last_long = self._last_long, (n, gap)
-        if last is not None and n - last[0] <= self.OWN_SPAN and alike(last[1]):
+        if last is not None and n - last[0] <= self._batch_steps and alike(last[1]):
             return  # the policy's own
         seen = self._long_after
         earlier = {m for m, other in seen if alike(other)}
@@ -296,7 +297,8 @@ class TorchThreads:
             # Async mode's workers step while the caller is away: no threads
             # for good for long gaps, only for foreseen ones that a trial found faster so.
             decide = self._judged if self._lock_step else (lambda gap_ns: None)
-            self.judge = GapJudge(decide, self._give_for_gap, self._hold_after_gap, self._chose)
+            self.judge = GapJudge(decide, self._give_for_gap, self._hold_after_gap, self._chose,
+                                  batch_steps=1 if self._lock_step else 2)
 
     def _unheld(self) -> int:
         """Torch's own count, up to the CPUs other programs leave."""
