@@ -119,11 +119,6 @@ def ppo_shaped_rate(who: str) -> float:
 
     obs = None  # lock-step's observations between rollouts
 
-    def lock_step_rollout():
-        nonlocal obs
-        for _ in range(ROLLOUT):
-            obs = envs.step(act(obs))[0]
-
     def update():
         for _ in range(EPOCHS):
             loss = policy(samples).pow(2).mean() + value(samples).pow(2).mean()
@@ -132,7 +127,9 @@ def ppo_shaped_rate(who: str) -> float:
             optimizer.step()
 
     def lock_step_cycle():
-        lock_step_rollout()
+        nonlocal obs
+        for _ in range(ROLLOUT):
+            obs = envs.step(act(obs))[0]
         update()
 
     def async_cycle():

@@ -97,7 +97,7 @@ class SendRecv:
         (observations, rewards, terminations, truncations, infos), in the
         order they finished; ``infos["env_id"]`` says which envs they are."""
         batch = self._next_batch()  # and kept in _handed_out: a Ctrl-C from here leaves it to the next recv()
-        self._engine.async_steps.batch_returned()
+        self._engine.async_steps.caller_leaves()
         self._handed_out = None
         return batch
 

@@ -90,12 +90,10 @@ class AsyncSteps:
         self._engine.check_owner()
         if self._pool.restart:
             self._progress_hung(time.monotonic())  # a worker given work now starts its clock now
-        judge = self._torch_threads.judge
-        if judge is not None:
-            judge.command_begins(True)  # the caller's time away since its recv() ends
+        self._caller_returns()
         problem = self._channel.send_actions(ids, in_flight, views, values)
-        if judge is not None and not problem:
-            judge.step_returns()  # the caller's time away starts
+        if not problem:
+            self.caller_leaves()
         return problem
 
     def recv(self, count: int, into: _core.RowQueue, discard: bool = False) -> None:
@@ -144,8 +142,8 @@ class AsyncSteps:
         if judge is not None:
             judge.command_begins(True)
 
-    def batch_returned(self) -> None:
-        """recv() returns a batch: the caller's time away starts."""
+    def caller_leaves(self) -> None:
+        """A send() or recv() returns: the caller's time away starts."""
         judge = self._torch_threads.judge
         if judge is not None:
             judge.step_returns()
