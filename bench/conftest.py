@@ -7,9 +7,10 @@ ratio, and the summary also says in how many passes it held."""
 from __future__ import annotations
 
 import pytest
-from benchlib import PASSES, RESULTS, SKIPPED
+from benchlib import CPUS, PASSES, RESULTS, SKIPPED
 
 from shmvec.bench.peers import PEERS, build
+from shmvec.bench.report import about_the_run
 
 # (case, numerator, denominator, goal): numerator / denominator should reach
 # the goal. Steps/s are better higher; PSS and start-up seconds lower, so
@@ -96,6 +97,7 @@ def pytest_terminal_summary(terminalreporter):
         return
     write = terminalreporter.write_line
     terminalreporter.section("shmvec figures")
+    write(f"on {about_the_run(CPUS)['machine']}")  # figures from two CPU models do not compare
     for case in sorted({case for case, _ in RESULTS}):
         write(f"{case}:")
         for (c, who), (value, unit) in RESULTS.items():

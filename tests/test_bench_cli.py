@@ -51,6 +51,13 @@ def bench(*args: str) -> int:
     return cli.main(["bench", *args])
 
 
+def cpu_model_in_proc() -> str:
+    """/proc/cpuinfo's first "model name", or None where it has none (aarch64)."""
+    with open("/proc/cpuinfo") as f:
+        names = [line.split(":", 1)[1].strip() for line in f if line.split(":", 1)[0].strip() == "model name"]
+    return names[0] if names else None
+
+
 def test_module_callable_json_table_and_plot(tmp_path, capsys):
     out, plot = tmp_path / "out.json", tmp_path / "out.png"
     code = bench("shmvec.testing:NoopEnv", "--num-envs", "2,3", "--backends", "shmvec,sync",
@@ -72,6 +79,9 @@ def test_module_callable_json_table_and_plot(tmp_path, capsys):
     assert runs["sync", 2]["vs_sync"] == pytest.approx(1.0)
     captured = capsys.readouterr()
     assert "steps/s" in captured.out and "shmvec" in captured.out and "sync" in captured.out
+    # Figures mean little without the CPU they ran on: the title and the JSON name it.
+    assert report["cpu_model"] == cpu_model_in_proc()
+    assert report["cpu_model"] is None or report["cpu_model"] in captured.out.splitlines()[0]
     if importlib.util.find_spec("matplotlib"):
         assert plot.read_bytes().startswith(b"\x89PNG")
     else:

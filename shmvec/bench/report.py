@@ -14,7 +14,7 @@ import shmvec
 from shmvec.bench.passes import in_atari_pipeline, shmvec_options
 from shmvec.bench.peers import PEERS
 
-__all__ = ["limit_medians", "result_rows", "about_the_run", "title_line", "table", "write_json", "plot"]
+__all__ = ["limit_medians", "result_rows", "cpu_model", "about_the_run", "title_line", "table", "write_json", "plot"]
 
 
 def _spread(values: list[float]) -> dict:
@@ -54,12 +54,27 @@ def result_rows(measured: dict[tuple, list[dict]], limits: dict[str, dict]) -> l
     return rows
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it; None where it gives
+    none (aarch64 kernels, say). Figures from two CPU models do not compare."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
 def about_the_run(cpus: int) -> dict:
     """When and where the run was, and which shmvec it measured."""
+    model = cpu_model()
     return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "machine": f"{platform.system()} {platform.machine()}, {cpus} usable CPUs, "
-                       f"Python {platform.python_version()}",
-            "usable_cpus": cpus, "shmvec": shmvec.__version__}
+            "machine": ", ".join(filter(None, [f"{platform.system()} {platform.machine()}", model,
+                                               f"{cpus} usable CPUs", f"Python {platform.python_version()}"])),
+            "cpu_model": model, "usable_cpus": cpus, "shmvec": shmvec.__version__}
 
 
 def title_line(about: dict, args: argparse.Namespace) -> str:
