@@ -83,6 +83,26 @@ constexpr uint8_t kActionAsGiven = 0x40;
 
 bool is_empty_dict(py::handle obj) { return PyDict_Check(obj.ptr()) && PyDict_GET_SIZE(obj.ptr()) == 0; }
 
+// An info as Gymnasium 1.1+ batches it at once (VectorEnv._add_info): its
+// arrays copied, its dicts walked, other values kept. Taken before the
+// env's reset, which may overwrite an array the info holds.
+py::object info_arrays_copied(py::handle info) {
+  if (!PyDict_Check(info.ptr())) return py::reinterpret_borrow<py::object>(info);
+  py::dict out;
+  Py_ssize_t pos = 0;
+  PyObject *key, *value;
+  while (PyDict_Next(info.ptr(), &pos, &key, &value)) {
+    py::handle v(value);
+    if (PyDict_Check(value))
+      out[py::handle(key)] = info_arrays_copied(v);
+    else if (py::isinstance<py::array>(v))
+      out[py::handle(key)] = v.attr("copy")();
+    else
+      out[py::handle(key)] = v;
+  }
+  return std::move(out);
+}
+
 }  // namespace
 
 void check_info(py::ssize_t row, py::handle info, const char* call) {
@@ -101,7 +121,8 @@ Stepper::Stepper(py::list envs, py::ssize_t first_row, py::list action_leaves,
     : first_row_(first_row),
       action_builder_(std::move(action_builder)),
       obs_flattener_(std::move(obs_flattener)),
-      mode_(static_cast<AutoresetMode>(autoreset_mode)),
+      mode_(static_cast<AutoresetMode>(autoreset_mode & ~kCopyFinalInfoArrays)),
+      copy_final_info_arrays_((autoreset_mode & kCopyFinalInfoArrays) != 0),
       write_fallback_(std::move(write_fallback)),
       step_name_("step"),
       reset_name_("reset"),
@@ -440,7 +461,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
       // SyncVectorEnv hands it over (a Python int stays an int); it costs
       // only at episode ends.
       final_obs = r[0];
-      final_info = std::move(info);
+      final_info = copy_final_info_arrays_ ? info_arrays_copied(info) : std::move(info);
       py::tuple reset = unpack(env.attr(reset_name_)(), 2, row, "reset");
       objects = write_leaves(obs_targets_, row, reset[0]);
       info = reset[1];

@@ -15,6 +15,10 @@ namespace shmvec {
 namespace py = pybind11;
 
 enum class AutoresetMode { next_step = 0, same_step = 1, disabled = 2 };
+// Set on the autoreset code where an ended episode's info is batched before
+// the env's reset, as Gymnasium 1.1+'s SAME_STEP does (copying the arrays it
+// holds); 0.29's same-step autoreset keeps the info itself.
+constexpr int kCopyFinalInfoArrays = 0x10;
 
 // One fixed-shape leaf of a space: a (num_envs, *shape) array in the arena.
 struct ArrayLeaf {
@@ -130,6 +134,7 @@ class Stepper {
   bool* terminations_;
   bool* truncations_;
   AutoresetMode mode_;
+  bool copy_final_info_arrays_;
   py::object write_fallback_;
   enum : uint8_t { kNone = 0, kAutoreset = 1, kRestarted = 2 };
   py::object restart_report(py::ssize_t k);

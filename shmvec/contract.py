@@ -13,7 +13,8 @@ import numpy as np
 from shmvec import _core
 
 __all__ = [
-    "seeds_for", "checked_reset_mask", "per_env_values", "check_sync", "check_async", "checked_env_ids",
+    "seeds_for", "checked_reset_mask", "check_async_reset_options", "per_env_values", "check_sync", "check_async",
+    "checked_env_ids",
     "env_ids_array", "raise_env_ids_problem",
     "AttributesByCall",
 ]
@@ -54,6 +55,16 @@ def checked_reset_mask(reset_mask: Any, num_envs: int) -> np.ndarray:
             f"got reset_mask={reset_mask}"
         )
     return reset_mask.copy()
+
+
+def check_async_reset_options(options: Any) -> None:
+    """``async_reset()``'s options: a dict or None, without a reset mask
+    (async_reset() resets every env; a mask would reach the envs' reset())."""
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+    if options and "reset_mask" in options:
+        raise ValueError("async_reset() resets every env: options['reset_mask'] is for reset() in lock-step "
+                         "(batch_size=num_envs)")
 
 
 def per_env_values(values: Any, num_envs: int) -> list:
@@ -100,6 +111,8 @@ def env_ids_array(env_ids: Any, reset_pending: Collection[int]) -> np.ndarray:
     """``send()``'s `env_ids` as a 1-D array of ints, none of them waiting
     for its ``async_reset()`` results to be received (`reset_pending`)."""
     ids = np.asarray(env_ids)
+    if ids.size == 0:
+        raise ValueError("send() got no env ids: pass those of the envs to step (recv()'s infos['env_id'])")
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise TypeError(f"env_ids must be a 1-D array of ints, got {ids.dtype} of shape {ids.shape}")
     waiting = set(reset_pending).intersection(ids.tolist()) if reset_pending else None

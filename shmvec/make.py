@@ -23,14 +23,15 @@ def _make_env(spec: gym.envs.registration.EnvSpec, env_kwargs: dict[str, Any],
 
 
 def make(
-    env_id: str,
+    env_id: str | gym.envs.registration.EnvSpec,
     num_envs: int = 1,
     *,
     vector_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Wrapper]] | None = None,
     **env_kwargs: Any,
 ) -> ShmVecEnv:
-    """Makes `num_envs` copies of a registered env in a ``ShmVecEnv``.
+    """Makes `num_envs` copies of a registered env (its id or its
+    ``EnvSpec``, as ``gymnasium.make_vec`` takes) in a ``ShmVecEnv``.
 
     Keyword arguments go to each env (as with ``gymnasium.make``); shmvec's
     own options (``num_workers``, ``autoreset_mode``, ...) go in
@@ -45,7 +46,10 @@ def make(
     """
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
-    spec = gym.spec(env_id)  # fails early, with gymnasium's message, for unknown ids
+    if isinstance(env_id, gym.envs.registration.EnvSpec):
+        spec = env_id
+    else:
+        spec = gym.spec(env_id)  # fails early, with gymnasium's message, for unknown ids
     # The spec, not the id: workers that import the program afresh (spawn,
     # forkserver) then need not find the id registered, as in make_vec.
     factory = functools.partial(_make_env, spec, dict(env_kwargs), list(wrappers or ()))

@@ -19,7 +19,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 from shmvec import _sb3_env
 from shmvec._engine.batch_io import BatchIO
 from shmvec._engine.cycle import WAITING_STEP, CommandCycle
-from shmvec._engine.engine import Engine
+from shmvec._engine.engine import FIRST_ENV_SPACES, Engine
 from shmvec._engine.env_slice import AUTORESET_CODES
 from shmvec.errors import import_extra
 
@@ -119,6 +119,7 @@ class ShmVecEnv(VecEnv):
             timeout=timeout,
             restart_failed_workers=restart_failed_workers,
             max_restarts=max_restarts,
+            observation_mode=FIRST_ENV_SPACES,
             torch_threads=torch_threads,
         )
         self.closed = False
@@ -142,14 +143,19 @@ class ShmVecEnv(VecEnv):
         self._check_open()
         self._waiting = False
         self._finish_interrupted()
+        per_env = list(self._options)
+        if len(per_env) < self.num_envs:  # (SB3's own fail at reset too, with some envs reset)
+            raise IndexError(f"set_options() gave options for {len(per_env)} envs, but there are "
+                             f"{self.num_envs}; no env was reset")
         # The engine passes one options dict to the envs it resets: one reset
-        # per distinct dict, as DummyVecEnv passes each env its own.
+        # per distinct dict, as DummyVecEnv passes each env its own (the first
+        # num_envs of a longer list, as it does).
         groups: dict[int | None, list[int]] = {}
-        for row, options in enumerate(self._options):
+        for row, options in enumerate(per_env[:self.num_envs]):
             groups.setdefault(id(options) if options else None, []).append(row)
         self.reset_infos = [{} for _ in range(self.num_envs)]
         for rows in groups.values():
-            options = self._options[rows[0]] or None
+            options = per_env[rows[0]] or None
             mask = None
             if len(groups) > 1:
                 mask = np.zeros(self.num_envs, dtype=np.bool_)

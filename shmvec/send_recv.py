@@ -11,7 +11,7 @@ import numpy as np
 
 from shmvec import _core
 from shmvec._engine.cycle import IDLE, NEEDS_RESET, WAITING_RESET
-from shmvec.contract import check_async, env_ids_array, raise_env_ids_problem, seeds_for
+from shmvec.contract import check_async, check_async_reset_options, env_ids_array, raise_env_ids_problem, seeds_for
 from shmvec.step_infos import vectorize_batch
 
 __all__ = ["SendRecv"]
@@ -39,8 +39,7 @@ class SendRecv:
         self._cycle.check_usable()
         check_async(self, "async_reset")
         seeds = seeds_for(seed, self.num_envs)
-        if options is not None and not isinstance(options, dict):
-            raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+        check_async_reset_options(options)
         self._finish_interrupted_reset()
         steps = self._engine.async_steps
         # Let every env in flight land, then drop its results. Landed envs

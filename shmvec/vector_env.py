@@ -17,13 +17,25 @@ from shmvec._gym_compat import AutoresetMode, VectorEnv
 from shmvec._engine.batch_io import BatchIO
 from shmvec._engine.cycle import IDLE, WAITING_CALL, WAITING_RESET, WAITING_STEP, CommandCycle
 from shmvec._engine.engine import CLOSE_GRACE_S, Engine
-from shmvec._engine.env_slice import AUTORESET_CODES
+from shmvec._engine.env_slice import AUTORESET_CODES, COPY_FINAL_INFO_ARRAYS
 from shmvec.contract import AttributesByCall, check_sync, checked_reset_mask, seeds_for
 from shmvec.errors import ShmVecTimeoutError
 from shmvec.send_recv import SendRecv
 from shmvec.step_infos import vectorize
 
 __all__ = ["ShmVecEnv"]
+
+
+def _check_max_concurrency(value: Any) -> int | None:
+    """AsyncVectorEnv's max_concurrency (Gymnasium 1.4), checked as it checks
+    it, with its errors."""
+    if value is None:
+        return None
+    if not isinstance(value, (int, np.integer)):
+        raise ValueError(f"`max_concurrency` must be an integer or None, got {type(value)}.")
+    if value < 1:
+        raise ValueError(f"`max_concurrency` must be a positive or None, got {value}.")
+    return int(value)
 
 
 def _check_observation_mode(mode: Any) -> str | tuple[Space, Space]:
@@ -98,6 +110,12 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             that number while this env is open (close() restores them) and
             says so once; an int: that many while open; ``None``: leave
             torch alone.
+        context, shared_memory, daemon, max_concurrency: AsyncVectorEnv's.
+            ``context`` is the start method; ``shared_memory`` is accepted
+            (shmvec always uses shared memory); ``daemon=False`` lets envs
+            start processes of their own; ``max_concurrency`` caps the envs
+            stepping at once, that is the stepping processes (each steps its
+            envs one at a time), the caller counting while it steps.
 
     Example:
         >>> import gymnasium as gym
@@ -132,6 +150,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         shared_memory: bool = True,
         daemon: bool = True,
         worker: Any = None,
+        max_concurrency: int | None = None,
     ):
         super().__init__()
         self.closed = True  # until the engine is up, so __del__/close have nothing to do
@@ -150,6 +169,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             start_method = context
         self.shared_memory = bool(shared_memory)  # always shared memory; kept for AsyncVectorEnv's code
         self.daemon = bool(daemon)  # False: envs may start processes; workers end with the vector env either way
+        self.max_concurrency = _check_max_concurrency(max_concurrency)
         self.observation_mode = _check_observation_mode(observation_mode)
         try:
             env_fns = list(env_fns)
@@ -168,6 +188,9 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         async_mode = self._async_mode = self.batch_size < num_envs
         if async_mode and self.autoreset_mode is AutoresetMode.DISABLED:
             raise ValueError("autoreset_mode DISABLED is not supported with batch_size < num_envs (async mode)")
+        autoreset_code = AUTORESET_CODES[self.autoreset_mode.value]
+        if compat.AUTORESET_MODES and self.autoreset_mode is AutoresetMode.SAME_STEP:
+            autoreset_code |= COPY_FINAL_INFO_ARRAYS  # 1.1+ batches the ended episode's info before the reset
         self._engine = Engine(
             env_fns,
             cycle=self._cycle,
@@ -175,7 +198,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             caller_steps=caller_steps,
             pin_workers=pin_workers,
             start_method=start_method,
-            autoreset_code=AUTORESET_CODES[self.autoreset_mode.value],
+            autoreset_code=autoreset_code,
             timeout=timeout,
             async_mode=async_mode,
             restart_failed_workers=restart_failed_workers,
@@ -183,6 +206,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             observation_mode=self.observation_mode,
             torch_threads=torch_threads,
             daemon=self.daemon,
+            max_concurrency=self.max_concurrency,
         )
         self.closed = False
         engine = self._engine
@@ -249,6 +273,8 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
                 raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
             if "reset_mask" in options:
                 compat.require_gymnasium("options['reset_mask']", "1.1")
+                # The caller's dict keeps its mask, where SyncVectorEnv pops it: Gymnasium's
+                # RecordEpisodeStatistics reads it after the reset (tests/test_vector_wrappers.py).
                 options = dict(options)
                 mask = checked_reset_mask(options.pop("reset_mask"), self.num_envs)
         self._engine.begin_reset(seeds, options, mask)
@@ -368,6 +394,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
     def call_async(self, name: str, /, *args: Any, **kwargs: Any) -> None:
         """Starts calling method `name` of every env; ``call_wait()`` returns the results."""
         self._cycle.check_idle("call_async")
+        self._land_own_envs()
         self._engine.begin_call(name, args, kwargs)
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
@@ -379,10 +406,17 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
     def _set_attr(self, name: str, values: list[Any]) -> None:
         """set_attr() (of AttributesByCall), with one value per env."""
         self._cycle.check_idle("set_attr")
+        self._land_own_envs()
         try:
             self._engine.set_attr(name, values)
         finally:
             self._send_lost()
+
+    def _land_own_envs(self) -> None:
+        """Async mode: the caller's own envs in flight take their steps
+        before a call reaches them, as a worker's do (see AsyncSteps.land_own)."""
+        if self._async_mode and self._in_flight.any():
+            self._engine.async_steps.land_own()
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False, **kwargs: Any) -> None:
         """Closes the envs and the workers. A pending call is waited for up

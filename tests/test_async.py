@@ -174,6 +174,51 @@ def test_stragglers_never_starve():
         envs.close()
 
 
+class CountingEnv(gym.Env):
+    """Its observation counts its steps since reset; `n` is the count."""
+
+    observation_space = gym.spaces.Box(-1e9, 1e9, (1,), np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.n = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = 0
+        return np.array([0.0]), {}
+
+    def step(self, action):
+        self.n += 1
+        return np.array([float(self.n)]), 1.0, False, False, {}
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (0, True), (2, False)])
+def test_calls_find_envs_in_flight_after_their_step(num_workers, caller_steps):
+    """get_attr/set_attr/call while envs are in flight see and change each
+    env after the step it was sent, whichever process steps it: a worker
+    runs the call after the steps sent before it, and the caller now steps
+    its own envs in flight first (their results wait for recv())."""
+    envs = shmvec.ShmVecEnv([CountingEnv] * 4, batch_size=2, num_workers=num_workers, caller_steps=caller_steps,
+                            start_method="fork")
+    try:
+        envs.async_reset(seed=0)
+        envs.recv(), envs.recv()
+        envs.send(np.ones(4, dtype=np.int64), np.arange(4))  # every env: one step in flight
+        assert envs.get_attr("n") == (1, 1, 1, 1)
+        envs.set_attr("n", 100)
+        got = {}
+        for _ in range(2):
+            obs, *_, infos = envs.recv()
+            got.update(zip(infos["env_id"].tolist(), obs.ravel().tolist()))
+        assert got == {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}  # the steps sent before the set
+        envs.send(np.ones(2, dtype=np.int64), infos["env_id"])
+        obs, *_, infos = envs.recv()
+        assert obs.ravel().tolist() == [101.0, 101.0]
+    finally:
+        envs.close()
+
+
 @pytest.fixture
 def async_envs():
     envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, batch_size=2, num_workers=2,
@@ -190,6 +235,10 @@ def test_misuse_is_an_error(async_envs):
         envs.reset()
     with pytest.raises(RuntimeError, match="in flight"):
         envs.recv()  # nothing in flight
+    with pytest.raises(ValueError, match="reset_mask"):  # async_reset() resets every env
+        envs.async_reset(options={"reset_mask": np.array([True, False, True, False])})
+    with pytest.raises(ValueError, match="no env ids"):
+        envs.send(np.zeros(0, dtype=np.int64), [])
     envs.async_reset(seed=0)
     with pytest.raises(ValueError, match="not yet received"):
         envs.send(np.zeros(1, dtype=np.int64), [0])

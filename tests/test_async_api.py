@@ -94,6 +94,34 @@ def test_step_wait_timeout_keeps_the_step_pending(num_workers, caller_steps, tmp
     assert np.array_equal(obs, np.full((4, 2), 2, np.float32))
 
 
+@pytest.mark.parametrize("num_workers, caller_steps", [(2, False), (1, True), (0, True)])
+def test_a_zero_timeout_returns_finished_results(num_workers, caller_steps, closing):
+    """*_wait(timeout=0) polls, as AsyncVectorEnv's does: a loop that polls
+    gets the results. Where the caller steps a slice of its own, the first
+    wait runs it, past the timeout (TimeoutError, the results kept); the
+    next finds the workers' part done. It raised at every poll before."""
+    fns = [lambda: gym.make("CartPole-v1")] * 4
+    envs = shmvec.ShmVecEnv(fns, num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
+    ref = SyncVectorEnv(fns)
+    closing(envs), closing(ref)
+
+    def finished(begin, end, *args, **kwargs):
+        begin(*args, **kwargs)
+        time.sleep(0.2)  # the workers' part is done long before
+        for poll in range(2 if caller_steps else 1):
+            try:
+                return end(timeout=0)
+            except multiprocessing.TimeoutError:
+                assert caller_steps and poll == 0
+        raise AssertionError("two polls did not get the finished results")
+
+    assert_same(finished(envs.reset_async, envs.reset_wait, seed=3), ref.reset(seed=3))
+    for _ in range(3):
+        actions = np.array([0, 1, 1, 0])
+        assert_same(finished(envs.step_async, envs.step_wait, actions), ref.step(actions))
+    assert finished(envs.call_async, envs.call_wait, "get_wrapper_attr", "spec") == ref.call("get_wrapper_attr", "spec")
+
+
 def test_call_wait_timeout_then_results(tmp_path, closing):
     envs = fault_envs(num_workers=2, caller_steps=False, gate=str(tmp_path / "gate"))
     closing(envs)
@@ -129,6 +157,39 @@ def test_async_vector_env_keywords(closing):
         shmvec.ShmVecEnv(fns, worker=lambda *args: None)
     with pytest.raises(ValueError, match="disagree"):
         shmvec.ShmVecEnv(fns, context="fork", start_method="spawn")
+
+
+@pytest.mark.parametrize("cpus", [2, 16])
+def test_max_concurrency_caps_the_stepping_processes(monkeypatch, cpus):
+    """AsyncVectorEnv's max_concurrency (Gymnasium 1.4) caps how many envs
+    step at once; shmvec's processes each step their envs one at a time, so
+    it caps the stepping processes, the caller counting while it steps."""
+    from shmvec._engine import plan
+
+    monkeypatch.setattr(plan, "usable_cpus", lambda: cpus)
+    for async_mode in (False, True):
+        assert plan.plan_slices(64, None, None, async_mode, max_concurrency=1) == (0, True)
+        assert plan.plan_slices(64, None, None, async_mode, max_concurrency=2) == (1, True)
+        assert plan.plan_slices(64, None, None, async_mode, max_concurrency=100) == (cpus - 1, True)
+        assert plan.plan_slices(64, None, False, async_mode, max_concurrency=1) == (1, False)
+        assert plan.plan_slices(64, 3, False, async_mode, max_concurrency=3) == (3, False)
+        with pytest.raises(ValueError, match="max_concurrency=2"):
+            plan.plan_slices(64, 2, True, async_mode, max_concurrency=2)
+        with pytest.raises(ValueError, match="max_concurrency=2"):
+            plan.plan_slices(64, 3, False, async_mode, max_concurrency=2)
+
+
+def test_max_concurrency_as_async_vector_env_takes_it(closing):
+    fns = [lambda: gym.make("CartPole-v1")] * 4
+    envs = shmvec.ShmVecEnv(fns, max_concurrency=1, start_method="fork")
+    ref = SyncVectorEnv(fns)
+    closing(envs), closing(ref)
+    assert envs.max_concurrency == 1 and envs.num_workers == 0
+    run_lockstep(envs, ref, steps=20)
+    # AsyncVectorEnv's checks, with its errors
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError, match="max_concurrency"):
+            shmvec.ShmVecEnv(fns, max_concurrency=bad)
 
 
 # -- observation_mode ------------------------------------------------------------------

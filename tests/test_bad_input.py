@@ -66,9 +66,10 @@ BAD_ACTIONS = {
         ("leaf too wide", np.zeros((N, 3), np.int64), ValueError, "shape"),
         ("floats", np.zeros((N, 2), np.float64), TypeError, "dtype"),
     ]),
-    "multibinary": (spaces.MultiBinary(3), [
+    "multibinary": (spaces.MultiBinary(3), [  # (floats are taken: see test_equivalence's dtype cases)
         ("leaf too narrow", np.zeros((N, 2), np.int8), ValueError, "shape"),
-        ("floats", np.zeros((N, 3), np.float32), TypeError, "dtype"),
+        ("complex", np.zeros((N, 3), np.complex64), TypeError, "dtype"),
+        ("strings", np.full((N, 3), "1"), TypeError, "dtype"),
     ]),
     "dict": (DICT_ACTIONS, [
         ("missing key", {"move": np.zeros((N, 2), np.float32)}, ValueError, "pick"),

@@ -125,8 +125,11 @@ def test_reset_masks(closing):
         if t % 7 == 3:  # partial reset mid-episode, also of envs waiting to autoreset
             mask = np.array([True, False, t % 2 == 1, False])
             opts = {"reset_mask": mask, "start": 1.0}
-            assert_same(envs.reset(seed=[t, None, t + 1, None], options=dict(opts)),
+            assert_same(envs.reset(seed=[t, None, t + 1, None], options=opts),
                         ref.reset(seed=[t, None, t + 1, None], options=dict(opts)))
+            # Where SyncVectorEnv pops the mask from the caller's dict, shmvec leaves it
+            # (see test_vector_wrappers.py's test_episode_statistics_survive_partial_resets).
+            assert opts.keys() == {"reset_mask", "start"}
 
 
 def test_call_get_set_attr_and_render(closing):
@@ -239,6 +242,12 @@ def test_make_mirrors_make_vec(closing):
     assert wrapped.get_attr("g") == (1.62, 1.62)
     with pytest.raises(gym.error.Error):
         shmvec.make("NoSuchEnv-v0", num_envs=2)
+    # An EnvSpec too, as gym.make and make_vec take one
+    from_spec = shmvec.make(gym.spec("CartPole-v1"), num_envs=3, max_episode_steps=5,
+                            vector_kwargs={"num_workers": 1, "start_method": "fork"})
+    closing(from_spec)
+    assert from_spec.spec.id == "CartPole-v1"
+    run_lockstep(from_spec, ref, steps=20)
 
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
@@ -406,6 +415,39 @@ def test_infos_of_classes_that_pickle_cannot_name(start_method, closing):
     assert type(infos["payload"][0]) is payload_cls
 
 
+class ReusedInfoArrayEnv(gym.Env):
+    """Its infos hold arrays it keeps and overwrites in place at reset: what
+    the vector env returns must not depend on when it batches them."""
+
+    observation_space = spaces.Box(-100, 100, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self):
+        self.buf, self.inner, self.t = np.zeros(2, np.float32), np.zeros(3, np.int64), 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.buf[:], self.inner[:], self.t = -1, -2, 0
+        return np.zeros(2, np.float32), {"buf": self.buf}
+
+    def step(self, action):
+        self.t += 1
+        self.buf[:], self.inner[:] = self.t, 10 * self.t
+        info = {"buf": self.buf, "nested": {"inner": self.inner}, "t": self.t}
+        return np.full(2, self.t, np.float32), 1.0, self.t == 3, False, info
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+@pytest.mark.parametrize("num_workers, caller_steps", [(0, True), (1, True), (2, False)])
+def test_info_arrays_an_env_overwrites_at_reset(mode, num_workers, caller_steps, closing):
+    """Gymnasium 1.1+'s SAME_STEP batches an ended episode's info before the
+    env's reset, copying its arrays; 0.29's keeps the info itself, after."""
+    envs, ref = pair(ReusedInfoArrayEnv, 4, mode, num_workers=num_workers, caller_steps=caller_steps,
+                     start_method="fork")
+    closing(envs), closing(ref)
+    run_lockstep(envs, ref, steps=10)
+
+
 class ActionTypeEnv(gym.Env):
     """Reports the type and dtype of each action it is handed, and the
     action itself as its observation."""
@@ -482,6 +524,48 @@ def test_env_sees_action_dtype_of_the_batch(case, num_workers, caller_steps, clo
         actions = _batch_of(space, d if isinstance(d, tuple) else (d,), 4, rng)
         out, expected = envs.step(actions), ref.step(actions)
         assert_same(out, expected, f"step {t} ({d})")
+
+
+class BinaryActionEnv(ActionTypeEnv):
+    """An ActionTypeEnv over MultiBinary(3) whose observation is its action
+    as int8 (a float batch would not stack into the space's int8)."""
+
+    def __init__(self):
+        super().__init__(spaces.MultiBinary(3))
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return np.asarray(obs, np.int8), *rest
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (2, False)])
+def test_multibinary_takes_float_actions_as_sync_does(num_workers, caller_steps, closing):
+    """MultiBinary.contains takes 0s and 1s of any number dtype, and SB3's
+    PPO and A2C sample its actions as float32: each env gets its row in the
+    batch's float dtype, as under SyncVectorEnv."""
+    envs, ref = pair(BinaryActionEnv, 4, num_workers=num_workers, caller_steps=caller_steps, start_method="fork")
+    closing(envs), closing(ref)
+    assert_same(envs.reset(seed=0), ref.reset(seed=0))
+    rng = np.random.default_rng(0)
+    for t, dtype in enumerate([np.float32, np.float64, np.int8, np.float16]):
+        actions = rng.integers(0, 2, size=(4, 3)).astype(dtype)
+        assert_same(envs.step(actions), ref.step(actions), f"step {t} ({dtype.__name__})")
+
+
+def test_async_mode_casts_multibinary_floats_only_exactly(closing):
+    """send() stores actions in the space's dtype: 0.0 and 1.0 cast exactly;
+    a 0.5 would silently become 0, so it is refused, and nothing is sent."""
+    envs = shmvec.ShmVecEnv([BinaryActionEnv] * 4, batch_size=2, num_workers=2, start_method="fork")
+    closing(envs)
+    envs.async_reset(seed=0)
+    obs, *_, infos = envs.recv()
+    with pytest.raises(ValueError, match="MultiBinary"):
+        envs.send(np.full((2, 3), 0.5, np.float32), infos["env_id"])
+    envs.send(np.ones((2, 3), np.float32), infos["env_id"])
+    obs, *_, infos = envs.recv()
+    assert obs.dtype == np.int8
+    seen = [s for s, ok in zip(infos.get("seen", []), infos.get("_seen", [])) if ok]
+    assert seen == [repr(("numpy.ndarray", "int8"))] * len(seen)
 
 
 LIST_ACTION_CASES = {

@@ -372,6 +372,25 @@ def test_hung_env_plain_close_does_not_hang(closing):
     assert wait_gone(pids) == []
 
 
+def test_async_close_with_a_hung_env_in_flight_returns(closing):
+    """Async mode: a plain close() with an env hung in flight waits out the
+    grace (CLOSE_GRACE_S), then kills the workers and returns, as lock-step's
+    does; it raised ClosedEnvironmentError before."""
+    envs = make_envs(num_workers=1, batch_size=2)
+    closing(envs)
+    pids = worker_pids(envs)
+    envs.async_reset(seed=0)
+    ids = envs.recv()[4]["env_id"]
+    actions = np.full(2, OK, dtype=np.int64)
+    actions[0] = HANG
+    envs.send(actions, ids)
+    start = time.monotonic()
+    envs.close()
+    elapsed = time.monotonic() - start
+    assert envs.closed and elapsed < 15, f"close() took {elapsed:.1f} s"
+    assert wait_gone(pids) == []
+
+
 def test_hung_factory_times_out():
     before = set(descendants())
     fns = [functools.partial(FaultEnv)] * 2 + [lambda: time.sleep(60)]

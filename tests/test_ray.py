@@ -19,7 +19,7 @@ skip_unless_gymnasium("shmvec.ray (RayVecEnv)", "1.1")
 import gymnasium as gym
 import numpy as np
 import pytest
-from fault_envs import HANG, KILL, RAISE, Boom, FaultEnv, actions_for, wait_gone
+from fault_envs import HANG, KILL, OK, RAISE, Boom, FaultEnv, actions_for, wait_gone
 from gymnasium import spaces
 from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -121,6 +121,25 @@ def test_actor_envs_in_async_mode_step_no_envs_on_the_event_loop(monkeypatch):
     assert [kwargs["num_workers"] for kwargs in made] == [1, 0, 1]
 
 
+def test_actor_calls_that_come_after_its_close_are_quiet():
+    """Ray runs an async actor's calls in any order: a send() or recv() the
+    driver made before close() may run after it. They must return quietly:
+    an error nobody fetches is logged by Ray as unhandled."""
+    import asyncio
+
+    from shmvec.ray.actor import SliceHost
+
+    async def run():
+        host = SliceHost()
+        await host.start([cartpole] * 2, 1, {"num_workers": 0, "start_method": "fork"})
+        await host.async_reset([0, 1], None)
+        await host.close()
+        assert await host.send(np.zeros(1, dtype=np.int64), np.array([0])) is None
+        assert await host.recv(1) is None
+
+    asyncio.run(run())
+
+
 def assert_matches_sync(got: list, make, actions: np.ndarray, mode) -> None:
     """Each env's received steps are the first steps SyncVectorEnv gives it."""
     longest = max(len(t) for t in got)
@@ -202,6 +221,8 @@ def test_async_misuse_is_an_error(closing):
         envs.step(np.zeros(4, dtype=np.int64))
     with pytest.raises(RuntimeError, match="in flight"):
         envs.recv()
+    with pytest.raises(ValueError, match="reset_mask"):  # async_reset() resets every env
+        envs.async_reset(options={"reset_mask": np.array([True, False, True, False])})
     envs.async_reset(seed=0)
     with pytest.raises(ValueError, match="not yet received"):
         envs.send(np.zeros(1, dtype=np.int64), [0])
@@ -281,6 +302,29 @@ def test_env_error_reaches_caller_and_reset_recovers(closing):
     obs, _ = envs.reset(seed=0)
     assert obs.shape == (4, 2)
     envs.step(actions_for(4))
+
+
+def test_async_env_error_then_recv_asks_for_a_reset(closing):
+    """Async mode: after an env raised, recv() says to reset, as send()
+    does and as ShmVecEnv's recv() does (it ran into its own bookkeeping:
+    a ValueError from a wait on no calls)."""
+    envs = RayVecEnv([FaultEnv] * 4, 2, batch_size=2, **FAST)
+    closing(envs)
+    envs.async_reset(seed=0)
+    ids = envs.recv()[4]["env_id"]
+    actions = np.full(2, OK, dtype=np.int64)
+    actions[0] = RAISE
+    envs.send(actions, ids)
+    with pytest.raises(Boom):
+        while True:  # the other envs' reset results may come first
+            envs.recv()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="reset"):
+            envs.recv()
+    with pytest.raises(RuntimeError, match="reset"):
+        envs.send(np.full(1, OK, dtype=np.int64), ids[1:])
+    envs.async_reset(seed=0)
+    assert len(envs.recv()[4]["env_id"]) == 2
 
 
 @pytest.mark.parametrize("batch_size", [None, 2], ids=["sync", "async"])

@@ -93,6 +93,10 @@ class ProbeEnv(gym.Env):
     def scaled(self, factor, offset=0):
         return factor * len(self.label) + offset
 
+    def bump(self):
+        self.bumps = getattr(self, "bumps", 0) + 1
+        return self.bumps
+
 
 def make(kind: str, env_fns, **kwargs) -> VecEnv:
     if kind == "dummy":
@@ -267,6 +271,43 @@ def test_seed_is_used_once(kind, closing):
     assert len({tuple(row) for row in first}) == N  # every env its own seed
 
 
+def bounded_env(k: int, shape=(3,)):
+    """A SpacesEnv whose spaces' bounds grow with k."""
+    return functools.partial(SpacesEnv, spaces.Box(-1 - k, 1 + k, shape, np.float32),
+                             spaces.Box(-1 - k, 1 + k, (2,), np.float32), max_steps=6)
+
+
+def test_spaces_that_differ_in_bounds_as_dummy_vec_env(closing):
+    """DummyVecEnv and SubprocVecEnv take env 0's spaces and check none:
+    envs whose spaces differ only in bounds step as there; spaces of other
+    shapes or dtypes cannot share the arena and are refused, naming the env."""
+    fns = [bounded_env(k) for k in range(N)]
+    shm, dummy = closing(make("shmvec", fns)), closing(make("dummy", fns))
+    assert shm.observation_space == dummy.observation_space == fns[0]().observation_space
+    assert shm.action_space == dummy.action_space == fns[0]().action_space
+    shm.seed(1), dummy.seed(1)
+    assert_same(shm.reset(), dummy.reset())
+    actions = np.full((N, 2), 0.5, np.float32)
+    for t in range(8):
+        assert_same(shm.step(actions)[:3], dummy.step(actions)[:3], f"step {t}")
+    with pytest.raises(RuntimeError, match="env 2"):
+        make("shmvec", [bounded_env(0), bounded_env(1), bounded_env(2, shape=(4,)), bounded_env(3)])
+
+
+@pytest.mark.parametrize("kind", ["dummy", "shmvec", "subproc"])
+def test_options_for_more_or_fewer_envs(kind, closing):
+    """As SB3's own: a longer list's first options are used; a shorter one
+    is an IndexError at reset() (shmvec's before any env is reset)."""
+    venv = closing(make(kind, [ProbeEnv] * N))
+    venv.set_options([{"value": k} for k in range(N + 2)])
+    assert venv.reset()[:, 0].tolist() == [float(k) for k in range(N)]
+    venv.set_options([{"value": 7}] * (N - 1))
+    with pytest.raises(IndexError):
+        venv.reset()
+    if kind == "shmvec":
+        assert venv.reset_infos == [{"options": {"value": k}} for k in range(N)]  # left as they were
+
+
 @pytest.mark.parametrize("kind", ["dummy", "shmvec", "subproc"])
 def test_options_per_env_are_used_once(kind, closing):
     venv = closing(make(kind, [ProbeEnv] * N))
@@ -294,6 +335,9 @@ def test_attributes_and_methods_with_indices(kind, closing):
         assert venv.has_attr("scaled") and not venv.has_attr("missing")
     with pytest.raises(IndexError):
         venv.get_attr("label", indices=N)
+    # An index given twice calls the env's method twice, in the order given.
+    assert venv.env_method("bump", indices=[0, 0, 3, 1, 0, -1]) == [1, 2, 1, 1, 3, 2]
+    assert venv.env_method("bump") == [4, 2, 1, 3]
 
 
 @pytest.mark.parametrize("kind", ["dummy", "shmvec"])  # SubprocVecEnv's worker dies: EOFError
@@ -431,6 +475,23 @@ def test_training_is_the_same_as_with_dummy(algo, closing, tmp_path_factory):
         assert pathlib.Path(model.logger.get_dir()).is_relative_to(tmp_path_factory.getbasetemp())
         weights.append(model.policy.state_dict())
     assert weights[0].keys() == weights[1].keys()
+    for key in weights[0]:
+        assert torch.equal(weights[0][key], weights[1][key]), key
+
+
+@pytest.mark.parametrize("algo", [PPO, A2C], ids=["PPO", "A2C"])
+def test_training_on_multibinary_actions_is_the_same_as_with_dummy(algo, closing):
+    """SB3's on-policy algorithms sample MultiBinary actions as float32 (a
+    Bernoulli distribution): each env gets its float32 row, as DummyVecEnv
+    hands it, and the weights come out bit for bit the same."""
+    fns = [functools.partial(SpacesEnv, spaces.Box(-1, 1, (3,), np.float32), spaces.MultiBinary(4), max_steps=9)] * 2
+    weights = []
+    for kind in ("dummy", "shmvec"):
+        venv = closing(make(kind, fns))
+        extra = {"batch_size": 16, "n_epochs": 2} if algo is PPO else {}
+        model = algo("MlpPolicy", venv, n_steps=8, seed=0, device="cpu", policy_kwargs={"net_arch": [8]}, **extra)
+        model.learn(48)
+        weights.append(model.policy.state_dict())
     for key in weights[0]:
         assert torch.equal(weights[0][key], weights[1][key]), key
 

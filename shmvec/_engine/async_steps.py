@@ -148,6 +148,13 @@ class AsyncSteps:
         if judge is not None:
             judge.step_returns()
 
+    def land_own(self) -> None:
+        """Steps every env of the caller's own that is in flight; their
+        results wait for recv(). A call to the envs then finds each after
+        the step it was sent, as a worker's envs are (a worker runs a call
+        after the steps sent before it)."""
+        self._step_own(self._engine.num_envs)
+
     def _step_own(self, count: int) -> None:
         """Steps the caller's own queued envs while fewer than `count` envs
         have finished, and at least one, so that none of them waits for good

@@ -37,21 +37,36 @@ def action_leaves(flatten: Callable[[Any], list], actions: Any) -> list:
         raise ValueError(f"actions do not have the structure of the action space: {exc!r}") from None
 
 
-def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
+def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what: str,
+                       binary: bool = False) -> np.ndarray:
     """A fixed-shape leaf's batch as an array of `shape`, in a dtype that
     casts to the space's `dtype` within its kind (as SyncVectorEnv's
-    ``np.stack(..., out=...)`` casts)."""
+    ``np.stack(..., out=...)`` casts), or, for a MultiBinary leaf
+    (`binary`), in any number dtype: its contains() takes 0s and 1s of any,
+    and SB3's PPO and A2C sample its actions as float32."""
     array = value if type(value) is np.ndarray else np.asarray(value)
     if array.ndim == 0:  # as SyncVectorEnv, which cannot iterate over it
         raise TypeError(f"{what} must be a batch of shape {shape} ({shape[0]} envs), got the scalar {value!r}")
     if array.shape != shape:
         raise ValueError(f"{what} must have shape {shape} ({shape[0]} envs), got {array.shape}")
-    if array.dtype != dtype and not np.can_cast(array.dtype, dtype, "same_kind"):
+    if array.dtype != dtype and not np.can_cast(array.dtype, dtype, "same_kind") \
+            and not (binary and array.dtype.kind in "biuf"):
         raise TypeError(
             f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
             f"{dtype} (only casts within the same kind are allowed)"
         )
     return array
+
+
+def cast_leaf_batch(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    """A checked leaf batch in the space's `dtype`, as async mode stores it.
+    A MultiBinary's float batch must cast exactly (0s and 1s): async mode
+    hands the envs integers, so 0.5 would silently become 0."""
+    cast = array.astype(dtype, copy=False)
+    if array.dtype.kind == "f" and dtype.kind != "f" and not np.array_equal(cast, array):
+        raise ValueError(f"{what} of dtype {array.dtype} hold values that {dtype} cannot store exactly: "
+                         "a MultiBinary action is 0 or 1")
+    return cast
 
 
 def list_items_flag(value: Any, ndim: int) -> int:
@@ -121,6 +136,7 @@ class BatchIO:
         self._action_dtype_views = views["action_views"]
         self._action_codes = views["action_dtypes"]
         self._action_space_codes = engine.layout.action_space_codes
+        self._binary_actions = [leaf.binary for leaf in engine.layout.action_leaves]
         # Per leaf, the dtype object of the last batch and its code: a batch
         # of the same dtype object (the usual case) needs no lookup.
         self._last_dtype: list = [None] * len(self.action_views)
@@ -192,7 +208,8 @@ class BatchIO:
             array = value
             if type(array) is not np.ndarray or array.shape != shape or array.dtype != view.dtype:
                 what = "actions" if self._single_action else f"action leaf {k}"
-                array = checked_leaf_batch(value, shape, view.dtype, what).astype(view.dtype, copy=False)
+                array = cast_leaf_batch(checked_leaf_batch(value, shape, view.dtype, what, self._binary_actions[k]),
+                                        view.dtype, what)
             rows.append(np.ascontiguousarray(array))
         return rows
 
@@ -207,7 +224,7 @@ class BatchIO:
         # An array of the leaf's shape and dtype needs no check: the usual
         # batch costs no call here (this is every step's path).
         if type(array) is not np.ndarray or array.shape != view.shape or array.dtype != view.dtype:
-            array = checked_leaf_batch(value, view.shape, view.dtype, what)
+            array = checked_leaf_batch(value, view.shape, view.dtype, what, self._binary_actions[k])
         codes = self._action_codes
         dtype = array.dtype
         if dtype is self._last_dtype[k]:

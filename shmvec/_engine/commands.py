@@ -203,17 +203,19 @@ class CommandRunner:
         return None
 
     def _complete(self, command: _Command, timeout: float | None) -> None:
-        """Runs the caller's slice, then waits for the workers."""
+        """Runs the caller's slice, then waits for the workers. `timeout=0`
+        polls, as in AsyncVectorEnv: the workers' part is looked at once."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not command.caller_done:
             if self._caller is not None:
                 self._run_caller_slice(command)
+                if deadline is not None and time.monotonic() > deadline:
+                    # The caller's own slice took the whole time: the call did
+                    # not complete within `timeout` (its results are kept; the
+                    # next wait finds the slice done, and polls only the workers).
+                    raise still_pending(timeout)
             else:
                 command.caller_done = True
-        if deadline is not None and time.monotonic() > deadline:
-            # The caller's own slice took the whole time: the call did not
-            # complete within `timeout`, though its results are not lost.
-            raise still_pending(timeout)
         if self.num_workers:
             try:
                 self.pool.wait(restart=True, call_timeout=timeout, call_deadline=deadline)
@@ -349,22 +351,22 @@ class CommandRunner:
 
     def begin_call(self, name: str, args: tuple = (), kwargs: dict | None = None,
                    rows: Sequence[int] | None = None) -> None:
-        """Calls (or reads) `name` on the envs in `rows` (all by default); its
+        """Calls (or reads) `name` on the envs in `rows` (all by default), as
+        often as each is named and in that order, as DummyVecEnv does; its
         result: the values in the order of `rows`."""
         kwargs = kwargs or {}
-        rowset = None if rows is None else sorted(set(int(r) for r in rows))
-        request = cloudpickle.dumps((name, args, kwargs, rowset))
+        rows = None if rows is None else [int(r) for r in rows]
+        request = cloudpickle.dumps((name, args, kwargs, rows))
 
         def collect(caller_result, replies):
-            results = list(caller_result or [])
-            for data in replies:
-                results.extend(P.loads(data))
-            if rows is not None:  # back to the order (and repeats) the caller asked for
-                by_row = dict(zip(rowset, results))
-                return [by_row[int(r)] for r in rows]
-            return results
+            # Each slice answers for its own rows, in the order of `rows`.
+            answers = [(self._caller.rows, iter(caller_result or []))] if self._caller is not None else []
+            answers += [(own, iter(P.loads(data))) for own, data in zip(self.worker_rows, replies)]
+            if rows is None:
+                return [value for _, values in answers for value in values]
+            return [next(values) for r in rows for own, values in answers if r in own]
 
-        self.begin(P.CALL, lambda s: s.call(name, args, kwargs, rowset), [request] * self.num_workers,
+        self.begin(P.CALL, lambda s: s.call(name, args, kwargs, rows), [request] * self.num_workers,
                    collect=collect)
 
     def call(self, name: str, args: tuple = (), kwargs: dict | None = None,

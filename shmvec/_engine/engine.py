@@ -28,8 +28,9 @@ from shmvec._engine.cycle import BROKEN, CLOSED, CommandCycle
 from shmvec._engine.env_slice import EnvSlice, make_envs
 from shmvec._engine.info_columns import InfoColumns
 from shmvec._engine.layout import DataLayout
-from shmvec._engine.plan import (busy_cpus_note, caller_cpus, check_observation_spaces, check_options, no_cpu_idle,
-                                 plan_slices, split_slices, workers_follow_caller, workers_may_follow)
+from shmvec._engine.plan import (busy_cpus_note, caller_cpus, check_observation_spaces, check_options,
+                                 first_env_space, no_cpu_idle, plan_slices, split_slices, workers_follow_caller,
+                                 workers_may_follow)
 from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool, live_worker_pids
 from shmvec._engine.system import IS_LINUX, busy_threads_share_our_group, cpus_busy_elsewhere
 from shmvec._engine.torch_threads import TorchThreads
@@ -37,7 +38,11 @@ from shmvec._engine.torch_threads import check_setting as check_torch_threads
 from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY, Transport
 from shmvec.errors import ShmVecError, WorkerDiedError, warn_performance
 
-__all__ = ["Engine", "CLOSE_GRACE_S"]
+__all__ = ["Engine", "CLOSE_GRACE_S", "FIRST_ENV_SPACES"]
+
+# observation_mode for SB3's front end: env 0's observation and action spaces,
+# as DummyVecEnv takes them; the others need only their shapes and dtypes.
+FIRST_ENV_SPACES = "first env's"
 
 
 def _pickled_factories(env_fns, rows: range) -> bytes:
@@ -86,6 +91,7 @@ class Engine(CommandRunner):
         observation_mode: Any = "same",
         torch_threads: str | int | None = "auto",
         daemon: bool = True,
+        max_concurrency: int | None = None,
     ):
         if not IS_LINUX:
             raise OSError(
@@ -106,7 +112,7 @@ class Engine(CommandRunner):
         requested = num_workers
         follows = workers_follow_caller(async_mode, pin_workers, busy_cpus)
         num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode, busy_cpus,
-                                                follows, shares)
+                                                follows, shares, max_concurrency)
         # Whether its workers may follow the caller, now or later (WorkerPlacement watches).
         watched = num_workers > 0 and workers_may_follow(async_mode, pin_workers,
                                                                 num_workers + (1 if caller_steps else 0))
@@ -193,15 +199,19 @@ class Engine(CommandRunner):
             descriptions += [P.loads(r) for r in replies]
         observation_spaces = [space for d in descriptions for space in d["observation_spaces"]]
         action_spaces = [space for d in descriptions for space in d["action_spaces"]]
-        obs_space = check_observation_spaces(observation_spaces, observation_mode)
-        for row, space in enumerate(action_spaces):
-            if space != action_spaces[0]:
-                raise RuntimeError(
-                    f"Some environments have an action space different from `{action_spaces[0]}` "
-                    f"(env {row}: `{space}`). In order to batch actions, the action spaces from all "
-                    "environments must be equal."
-                )
-        act_space = action_spaces[0]
+        if observation_mode == FIRST_ENV_SPACES:
+            obs_space = first_env_space(observation_spaces, "observation")
+            act_space = first_env_space(action_spaces, "action")
+        else:
+            obs_space = check_observation_spaces(observation_spaces, observation_mode)
+            for row, space in enumerate(action_spaces):
+                if space != action_spaces[0]:
+                    raise RuntimeError(
+                        f"Some environments have an action space different from `{action_spaces[0]}` "
+                        f"(env {row}: `{space}`). In order to batch actions, the action spaces from all "
+                        "environments must be equal."
+                    )
+            act_space = action_spaces[0]
         self.description = {
             "observation_space": obs_space,
             "observation_spaces": observation_spaces,
@@ -300,8 +310,10 @@ class Engine(CommandRunner):
         errors: list[BaseException] = []
         graceful = bool(self.pool.processes) and not terminate and was is not BROKEN
         if graceful:
-            # Bounded even if an env hangs and no timeout was set.
+            # Bounded even if an env hangs and no timeout was set (async mode's
+            # envs in flight included): a worker that times out is then killed.
             self.pool.timeout = CLOSE_GRACE_S if self.pool.timeout < 0 else min(self.pool.timeout, CLOSE_GRACE_S)
+            self.pool.closing = True  # (only while close() waits: see WorkerPool.check_wait)
             try:
                 if self._channel.busy:
                     self._wait_out_unread()
@@ -309,6 +321,8 @@ class Engine(CommandRunner):
             except BaseException as exc:  # a broken worker must not stop the shutdown
                 errors.append(exc)
                 graceful = False
+            finally:
+                self.pool.closing = False
         if self._caller is not None:
             try:
                 self._caller.close()

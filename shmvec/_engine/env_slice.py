@@ -16,10 +16,15 @@ from shmvec._engine.layout import (
     ACTION_AS_GIVEN, ACTION_AS_PYTHON, DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback,
 )
 
-__all__ = ["EnvSlice", "AUTORESET_CODES"]
+__all__ = ["EnvSlice", "AUTORESET_CODES", "COPY_FINAL_INFO_ARRAYS"]
 
 # AutoresetMode -> the code the native stepper uses.
 AUTORESET_CODES = {"NextStep": 0, "SameStep": 1, "Disabled": 2}
+# Set on SameStep's code where the ended episode's info is batched before
+# the env's reset, as Gymnasium 1.1+ does: the arrays it holds are copied
+# then (kCopyFinalInfoArrays in csrc/stepper.hpp). SB3's VecEnvs and
+# Gymnasium 0.29 keep the info itself.
+COPY_FINAL_INFO_ARRAYS = 0x10
 
 
 def _action_builder(action_space, action_views, action_codes):
@@ -139,10 +144,11 @@ class EnvSlice:
             self.stepper.mark_restarted(row)
 
     def call(self, name: str, args: tuple, kwargs: dict, rows: list[int] | None) -> list:
+        """`name` called (or read) on this slice's envs among `rows` (all by
+        default), as often as each is named there and in that order."""
         out = []
-        for row, env in zip(self.rows, self.envs):
-            if rows is not None and row not in rows:
-                continue
+        for row in self.rows if rows is None else [r for r in rows if r in self.rows]:
+            env = self.envs[row - self.rows.start]
             self.failed_row = row
             attr = env.get_wrapper_attr(name)
             out.append(attr(*args, **kwargs) if callable(attr) else attr)

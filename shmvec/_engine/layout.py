@@ -63,6 +63,9 @@ class Leaf:
     dtype: np.dtype | None
     zero_dim_array: bool = False  # a Box of shape (): its values are 0-d arrays, not scalars
     space: spaces.Space | None = None  # of a leaf without a fixed shape: batched as Gymnasium batches it
+    # A MultiBinary's: its contains() takes 0s and 1s of any number dtype, and
+    # SB3's PPO and A2C sample its actions as float32 (see checked_leaf_batch).
+    binary: bool = False
 
     @property
     def fixed(self) -> bool:
@@ -80,7 +83,8 @@ def leaves_of(space: spaces.Space, path: tuple[Any, ...] = ()) -> list[Leaf]:
         return [leaf for i, sub in enumerate(space.spaces) for leaf in leaves_of(sub, path + (i,))]
     if isinstance(space, FIXED_SPACES):
         zero_dim = isinstance(space, spaces.Box) and space.shape == ()
-        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype), zero_dim)]
+        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype), zero_dim,
+                     binary=isinstance(space, spaces.MultiBinary))]
     return [Leaf(path, None, None, space=space)]
 
 

@@ -9,9 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from shmvec._engine.layout import leaves_of
 from shmvec._engine.system import allowed_cpu_ids, usable_cpus
 
 __all__ = ["START_METHODS", "FOLLOW_MIN_ENVS", "check_options", "caller_cpus", "default_num_workers",
+           "first_env_space",
            "no_cpu_idle", "workers_may_follow", "workers_follow_caller", "busy_cpus_note", "plan_slices", "split_slices",
            "check_pin_workers", "check_observation_spaces"]
 
@@ -168,7 +170,8 @@ def _stepping(num_workers: int) -> str:
 
 
 def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | None, async_mode: bool,
-                busy_cpus: int = 0, follows: bool = False, shares_with_busy: bool = False) -> tuple[int, bool]:
+                busy_cpus: int = 0, follows: bool = False, shares_with_busy: bool = False,
+                max_concurrency: int | None = None) -> tuple[int, bool]:
     """(num_workers, caller_steps) for `num_envs` envs.
 
     Left to shmvec (``None``): one stepping process per idle CPU, the caller
@@ -181,14 +184,20 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
     the caller steps a slice of its own only if envs and a usable CPU are
     left after that (unless told otherwise). `follows`: lock-step workers
     will run on the caller's CPU (workers_follow_caller); `shares_with_busy`:
-    the busy CPUs' threads share this process's scheduling group."""
+    the busy CPUs' threads share this process's scheduling group.
+    `max_concurrency` (AsyncVectorEnv's): the most envs stepping at once.
+    Each process steps its envs one at a time, so it caps the stepping
+    processes, the caller counting while it steps; shmvec's own choices
+    give way to it, and explicit ones beyond it are a ValueError."""
+    caller_chosen = caller_steps is None
     if num_workers is not None and num_workers > num_envs:
         raise ValueError(f"num_workers={num_workers} is more than the {num_envs} envs: "
                          "each worker needs at least one env")
     if async_mode:
         if num_workers is None:
-            num_workers = default_num_workers(num_envs, caller_steps is not False, async_mode, busy_cpus,
-                                              shares_with_busy=shares_with_busy)
+            num_workers = _capped(default_num_workers(num_envs, caller_steps is not False, async_mode, busy_cpus,
+                                                      shares_with_busy=shares_with_busy),
+                                  caller_steps is not False, max_concurrency)
         if caller_steps is None:  # as in lock-step: with an env and a usable CPU left for it
             caller_steps = num_workers < min(num_envs, usable_cpus())
     elif caller_steps is None:
@@ -199,13 +208,27 @@ def plan_slices(num_envs: int, num_workers: int | None, caller_steps: bool | Non
         # 1.09x; medians of 6 fresh processes).
         caller_steps = num_workers is None or num_workers < min(num_envs, usable_cpus())
     if num_workers is None:
-        num_workers = default_num_workers(num_envs, caller_steps, async_mode, busy_cpus, follows, shares_with_busy)
+        num_workers = _capped(default_num_workers(num_envs, caller_steps, async_mode, busy_cpus, follows,
+                                                  shares_with_busy), caller_steps, max_concurrency)
+    if max_concurrency is not None and num_workers + caller_steps > max_concurrency:
+        if not (caller_chosen and num_workers <= max_concurrency):
+            raise ValueError(f"num_workers={num_workers}{' and the caller' if caller_steps else ''} would step "
+                             f"{num_workers + caller_steps} envs at once, more than max_concurrency={max_concurrency}")
+        caller_steps = False
     if caller_steps and num_workers >= num_envs:
         raise ValueError(f"caller_steps=True needs an env for the caller besides one per worker: "
                          f"{num_envs} envs for num_workers={num_workers}")
     if num_workers == 0 and not caller_steps:
         raise ValueError("num_workers=0 needs caller_steps=True (someone has to step the envs)")
     return int(num_workers), bool(caller_steps)
+
+
+def _capped(num_workers: int, caller_steps: bool, max_concurrency: int | None) -> int:
+    """shmvec's choice of workers within `max_concurrency` stepping processes
+    (see plan_slices): at least one where the caller steps none."""
+    if max_concurrency is None:
+        return num_workers
+    return min(num_workers, max(max_concurrency - caller_steps, 0 if caller_steps else 1))
 
 
 def split_slices(num_envs: int, num_slices: int) -> list[range]:
@@ -232,6 +255,20 @@ def check_pin_workers(pin: Any) -> None:
             raise TypeError(f"pin_workers must list CPU ids (ints), got {cpu!r}")
         if cpu not in allowed:
             raise ValueError(f"pin_workers lists CPU {cpu}, but this process may only run on CPUs {sorted(allowed)}")
+
+
+def first_env_space(spaces: list, what: str) -> Any:
+    """Env 0's space, as DummyVecEnv takes it (it checks none); the others'
+    need only its leaves' shapes and dtypes, for one arena to serve all."""
+    def layout(space):
+        return [(leaf.path, leaf.shape, leaf.dtype) for leaf in leaves_of(space)]
+
+    first = layout(spaces[0])
+    for row, space in enumerate(spaces):
+        if layout(space) != first:
+            raise RuntimeError(f"env {row}'s {what} space {space} does not have the shapes and dtypes of env 0's, "
+                               f"{spaces[0]}: their values cannot be batched")
+    return spaces[0]
 
 
 def check_observation_spaces(spaces: list, observation_mode: Any) -> Any:

@@ -75,6 +75,9 @@ class WorkerPool:
         self.max_restarts = max_restarts
         self.daemon = daemon
         self.restarts = 0
+        # Set by the engine's close() for its own waits: their timeouts are
+        # timeouts, not a close() that ran during a user's call.
+        self.closing = False
         # Workers that died or hung during the current command, with why.
         self.failed: list[tuple[int, str]] = []
         self.processes: list[mp.process.BaseProcess] = []
@@ -171,7 +174,7 @@ class WorkerPool:
         that have not completed the command; async mode posts none)."""
         if code == 0:
             return
-        if self.cycle.phase is CLOSED:  # close() ran during the wait (a signal handler's): it ended the workers
+        if self.cycle.phase is CLOSED and not self.closing:  # close() ran during the wait (a signal handler's)
             raise self.cycle.closed_error()
         if code < 0:
             busy = self.channel.busy_workers() if busy is None else busy

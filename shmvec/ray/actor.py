@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import ray
-from gymnasium.error import ClosedEnvironmentError
 
 from shmvec.ray.batches import LeafBatches
 from shmvec.ray.infos import merge_infos
@@ -90,15 +89,21 @@ class SliceHost:
         self.envs.async_reset(seed=seed, options=options)
 
     async def send(self, actions: Any, env_ids: np.ndarray) -> None:
-        self.envs.send(actions, env_ids)
+        # Ray runs an async actor's calls in any order: a send() or recv() the
+        # driver made before close() may come after it. Nobody reads them
+        # then, and an error nobody fetches Ray logs as unhandled.
+        if not self._closing:
+            self.envs.send(actions, env_ids)
 
     async def recv(self, count: int):
         """The first `count` envs of this slice to finish (the ShmVecEnv
-        receives one at a time, so any count can be asked for)."""
+        receives one at a time, so any count can be asked for); None once
+        the actor closes (see send())."""
         async with self._recv_lock:
             parts = []
             for _ in range(count):
-                await self._wait_for_one()
+                if self._closing or not await self._wait_for_one():
+                    return None
                 parts.append(self.envs.recv())
         observations, rewards, terminations, truncations, part_infos = zip(*parts)
         ids = np.concatenate([part.pop("env_id") for part in part_infos])
@@ -109,18 +114,20 @@ class SliceHost:
         return ActorBatch(self._batches.join(observations), np.concatenate(rewards), np.concatenate(terminations),
                           np.concatenate(truncations), infos, ids, self._restarts())
 
-    async def _wait_for_one(self) -> None:
+    async def _wait_for_one(self) -> bool:
         """Until the ShmVecEnv's recv() would not wait (or would find a
-        failure to handle, or the timeout is up), without blocking the loop."""
+        failure to handle, or the timeout is up), without blocking the loop;
+        False if the actor closes meanwhile."""
         envs, loop = self.envs, asyncio.get_running_loop()
         engine, start = envs._engine, time.monotonic()
         while not envs._has_results_at_hand():
             if await loop.run_in_executor(self._waiter, engine.async_steps.wait_finished, 1, WAIT_SLICE_S):
-                return
+                return True
             if self._closing:
-                raise ClosedEnvironmentError("this actor's envs are closing")
+                return False
             if 0 <= engine.timeout <= time.monotonic() - start:
-                return  # recv() tells a hung worker (restarted or TimeoutError)
+                return True  # recv() tells a hung worker (restarted or TimeoutError)
+        return True
 
     async def call(self, name: str, args: tuple, kwargs: dict) -> tuple:
         return self.envs.call(name, *args, **kwargs)

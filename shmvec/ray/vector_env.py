@@ -17,9 +17,9 @@ from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from shmvec.contract import (AttributesByCall, check_async, check_sync, checked_env_ids, checked_reset_mask,
-                             seeds_for)
-from shmvec._engine.cycle import CommandCycle
+from shmvec.contract import (AttributesByCall, check_async, check_async_reset_options, check_sync, checked_env_ids,
+                             checked_reset_mask, seeds_for)
+from shmvec._engine.cycle import NEEDS_RESET, CommandCycle
 from shmvec._engine.plan import split_slices
 from shmvec._engine.pool import CLOSE_GRACE_S
 from shmvec.ray.actor_calls import ActorCalls
@@ -216,8 +216,7 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         self._check_open()
         check_async(self, "async_reset")
         seeds = seeds_for(seed, self.num_envs)
-        if options is not None and not isinstance(options, dict):
-            raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+        check_async_reset_options(options)
         self._cycle.check_usable()
         self._scheduler.drop_all()
         try:
@@ -245,6 +244,8 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         order they finished; ``infos["env_id"]`` says which envs they are."""
         self._check_open()
         check_async(self, "recv")
+        if self._cycle.phase is NEEDS_RESET:  # an env raised: its actor's envs wait for no call
+            raise RuntimeError(self._cycle.why)
         scheduler = self._scheduler
         available = scheduler.available()
         if available < self.batch_size:
