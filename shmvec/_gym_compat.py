@@ -16,7 +16,9 @@ differs is the front end's contract, and only this module knows it:
   ``OrderedDict``; always same-step autoreset, where the reset info gets
   ``final_observation`` and ``final_info`` added (``_add_info`` does not nest:
   ``final_info`` holds one dict per env, ``None`` elsewhere); ``set_attr`` is
-  ``setattr`` on the outermost wrapper.
+  ``setattr`` on the outermost wrapper; ``SyncVectorEnv`` and
+  ``AsyncVectorEnv`` take ``observation_space`` and ``action_space`` (each
+  env's must equal them).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import gymnasium.vector
 
 __all__ = [
     "GYMNASIUM_VERSION", "GYMNASIUM_1", "AUTORESET_MODES", "AutoresetMode", "VectorEnv", "require_gymnasium",
-    "autoreset_mode", "vector_metadata", "episode_end_infos", "set_wrapper_attr", "dict_builder",
+    "autoreset_mode", "vector_metadata", "check_space_keywords", "check_given_spaces", "episode_end_infos", "set_wrapper_attr", "dict_builder",
 ]
 
 GYMNASIUM_VERSION: str = gymnasium.__version__
@@ -89,6 +91,36 @@ def autoreset_mode(mode: Any) -> AutoresetMode:
         f"autoreset_mode must be an AutoresetMode or one of "
         f"{[m.value for m in AutoresetMode]}, got {mode!r}"
     )
+
+
+def check_space_keywords(observation_space: Any, action_space: Any) -> None:
+    """0.29's SyncVectorEnv and AsyncVectorEnv take the single env's spaces
+    as keywords; 1.x's take neither, and refuse them as any unknown keyword."""
+    if not GYMNASIUM_1:
+        return
+    for name, value in (("observation_space", observation_space), ("action_space", action_space)):
+        if value is not None:
+            raise TypeError(
+                f"ShmVecEnv got an unexpected keyword argument {name!r}: Gymnasium {GYMNASIUM_VERSION}'s vector "
+                "envs take the spaces from the envs (observation_mode=(batched space, single space) sets the "
+                "observation spaces); only 0.29's took them as keywords"
+            )
+
+
+def check_given_spaces(observation_space: Any, action_space: Any, env_observation_space: Any,
+                       env_action_space: Any) -> None:
+    """0.29: spaces given as keywords must equal every env's (the engine has
+    checked that the envs' equal env 0's), with 0.29's errors."""
+    if observation_space is not None and not (env_observation_space == observation_space):
+        raise RuntimeError(
+            f"Some environments have an observation space different from `{observation_space}`. In order to "
+            "batch observations, the observation spaces from all environments must be equal."
+        )
+    if action_space is not None and not (env_action_space == action_space):
+        raise RuntimeError(
+            f"Some environments have an action space different from `{action_space}`. In order to batch "
+            "actions, the action spaces from all environments must be equal."
+        )
 
 
 def vector_metadata(env_metadata: dict, mode: AutoresetMode) -> dict:

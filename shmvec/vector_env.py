@@ -110,6 +110,9 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             that number while this env is open (close() restores them) and
             says so once; an int: that many while open; ``None``: leave
             torch alone.
+        observation_space, action_space: Gymnasium 0.29's ``SyncVectorEnv``
+            and ``AsyncVectorEnv`` keywords (1.x has none): each env's space
+            must equal the one given, else ``RuntimeError``.
         context, shared_memory, daemon, max_concurrency: AsyncVectorEnv's.
             ``context`` is the start method; ``shared_memory`` is accepted
             (shmvec always uses shared memory); ``daemon=False`` lets envs
@@ -151,12 +154,15 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         daemon: bool = True,
         worker: Any = None,
         max_concurrency: int | None = None,
+        observation_space: Space | None = None,
+        action_space: Space | None = None,
     ):
         super().__init__()
         self.closed = True  # until the engine is up, so __del__/close have nothing to do
         # Every call runs through this state machine (shmvec._engine.cycle).
         self._cycle = CommandCycle(lambda: ClosedEnvironmentError("this ShmVecEnv is closed; create a new one"))
         self.autoreset_mode = compat.autoreset_mode(autoreset_mode)
+        compat.check_space_keywords(observation_space, action_space)
         if worker is not None:
             raise ValueError(
                 "shmvec.ShmVecEnv does not take AsyncVectorEnv's `worker`: its workers step envs in "
@@ -215,6 +221,12 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         description = engine.description
         self.metadata = compat.vector_metadata(description["metadata"], self.autoreset_mode)
         self.render_mode = description["render_mode"]
+        try:
+            compat.check_given_spaces(observation_space, action_space, description["observation_space"],
+                                      description["action_space"])
+        except RuntimeError:
+            self.close()
+            raise
         self.single_observation_space = description["observation_space"]
         self.single_action_space = description["action_space"]
         if self.observation_mode == "same":

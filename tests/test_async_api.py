@@ -159,6 +159,21 @@ def test_async_vector_env_keywords(closing):
         shmvec.ShmVecEnv(fns, context="fork", start_method="spawn")
 
 
+@needs_gymnasium_1("vector envs without space keywords")
+@pytest.mark.parametrize("name", ["observation_space", "action_space"])
+def test_0_29_space_keywords_are_refused_as_1_x_refuses_them(name):
+    """0.29's SyncVectorEnv and AsyncVectorEnv took the spaces as keywords
+    (tests/test_gym029.py); 1.x's take none: a TypeError, before any env is made."""
+    made = []
+    fns = [lambda: made.append(1) or gym.make("CartPole-v1")] * 2
+    space = gym.make("CartPole-v1").observation_space
+    with pytest.raises(TypeError, match=name):
+        gym.vector.AsyncVectorEnv(fns, **{name: space})
+    with pytest.raises(TypeError, match=rf"unexpected keyword argument '{name}'.*only 0\.29's"):
+        shmvec.ShmVecEnv(fns, num_workers=0, **{name: space})
+    assert not made
+
+
 @pytest.mark.parametrize("cpus", [2, 16])
 def test_max_concurrency_caps_the_stepping_processes(monkeypatch, cpus):
     """AsyncVectorEnv's max_concurrency (Gymnasium 1.4) caps how many envs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import multiprocessing
 
 import pytest
 
@@ -125,6 +126,34 @@ def test_dict_batches_and_actions_are_ordered_dicts(closing):
     obs, _ = envs.reset(seed=0)
     assert type(obs) is type(ref.reset(seed=0)[0]) is collections.OrderedDict
     run_lockstep(envs, ref, steps=20)
+
+
+def test_spaces_given_as_keywords_are_taken_as_0_29_takes_them(closing):
+    """0.29's SyncVectorEnv(env_fns, observation_space=, action_space=)
+    (AsyncVectorEnv's too): spaces equal to the envs' are taken."""
+    fns = cartpoles()
+    env = gym.make("CartPole-v1")
+    given = {"observation_space": env.observation_space, "action_space": env.action_space}
+    envs, ref = shmvec.ShmVecEnv(fns, **given, **FORK), SyncVectorEnv(fns, **given)
+    closing(envs), closing(ref)
+    assert envs.single_observation_space == ref.single_observation_space == env.observation_space
+    assert envs.single_action_space == ref.single_action_space == env.action_space
+    run_lockstep(envs, ref, steps=20)
+
+
+@pytest.mark.parametrize("name, other", [("observation_space", spaces.Box(-1, 1, (4,), np.float32)),
+                                         ("action_space", spaces.Discrete(3))])
+def test_spaces_given_as_keywords_must_equal_the_envs(name, other):
+    """A given space that differs from the envs' is 0.29's RuntimeError, with
+    its message, and leaves no worker behind."""
+    fns = cartpoles()
+    with pytest.raises(RuntimeError) as expected:
+        SyncVectorEnv(fns, **{name: other})
+    before = multiprocessing.active_children()
+    with pytest.raises(RuntimeError) as got:
+        shmvec.ShmVecEnv(fns, **{name: other}, **FORK)
+    assert str(got.value) == str(expected.value)
+    assert multiprocessing.active_children() == before
 
 
 def test_sb3_front_end_works(closing):
