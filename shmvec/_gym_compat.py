@@ -18,7 +18,8 @@ differs is the front end's contract, and only this module knows it:
   ``final_info`` holds one dict per env, ``None`` elsewhere); ``set_attr`` is
   ``setattr`` on the outermost wrapper; ``SyncVectorEnv`` and
   ``AsyncVectorEnv`` take ``observation_space`` and ``action_space`` (each
-  env's must equal them).
+  env's must equal them); an env's ``reset()`` gets ``seed`` and ``options``
+  each only when it is not None (1.x passes both always: ``RESET_CALL``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import gymnasium.vector
 
 __all__ = [
     "GYMNASIUM_VERSION", "GYMNASIUM_1", "AUTORESET_MODES", "AutoresetMode", "VectorEnv", "require_gymnasium",
-    "autoreset_mode", "vector_metadata", "check_space_keywords", "check_given_spaces", "episode_end_infos", "set_wrapper_attr", "dict_builder",
+    "autoreset_mode", "vector_metadata", "RESET_CALL", "check_space_keywords", "check_given_spaces",
+    "episode_end_infos", "set_wrapper_attr", "dict_builder",
 ]
 
 GYMNASIUM_VERSION: str = gymnasium.__version__
@@ -91,6 +93,11 @@ def autoreset_mode(mode: Any) -> AutoresetMode:
         f"autoreset_mode must be an AutoresetMode or one of "
         f"{[m.value for m in AutoresetMode]}, got {mode!r}"
     )
+
+
+# How the vector envs call an env's reset() (shmvec._engine.env_slice.RESET_CALLS):
+# 1.x passes seed and options always, 0.29 each only when it is not None.
+RESET_CALL = "seed-and-options" if GYMNASIUM_1 else "given"
 
 
 def check_space_keywords(observation_space: Any, action_space: Any) -> None:

@@ -18,6 +18,7 @@ import gymnasium
 __all__ = ["HOOK", "EnvFactory", "call_method", "get_attr", "has_attr", "is_wrapped"]
 
 HOOK = "_shmvec_sb3_hook"
+OWNER = "_shmvec_sb3_owner"  # on env.unwrapped: which vector env holds it
 
 
 class Hook:
@@ -45,12 +46,15 @@ class EnvFactory:
             from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
             env = _patch_env(env)
-        previous = getattr(env, HOOK, None)
-        if isinstance(previous, Hook) and previous.owner == self.owner:
+        # The env itself, not its outermost wrapper: make_vec_env(lambda: env)
+        # puts a new Monitor around one env at each call, as DummyVecEnv's
+        # check (of env.unwrapped) knows. Envs of one process would share it.
+        if getattr(env.unwrapped, OWNER, None) == self.owner:
             raise ValueError(
                 "the env factories returned the same env instance twice; each call must create "
                 "a new env (e.g. `lambda: gym.make(env_id)`, not `lambda: env`), as DummyVecEnv requires"
             )
+        setattr(env.unwrapped, OWNER, self.owner)
         setattr(env, HOOK, Hook(env, self.owner))
         return env
 

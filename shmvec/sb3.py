@@ -116,6 +116,7 @@ class ShmVecEnv(VecEnv):
             pin_workers=pin_workers,
             start_method=start_method,
             autoreset_code=AUTORESET_CODES["SameStep"],
+            reset_call="seed-and-set-options",  # as DummyVecEnv calls reset()
             timeout=timeout,
             restart_failed_workers=restart_failed_workers,
             max_restarts=max_restarts,

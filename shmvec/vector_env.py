@@ -205,6 +205,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             pin_workers=pin_workers,
             start_method=start_method,
             autoreset_code=autoreset_code,
+            reset_call=compat.RESET_CALL,
             timeout=timeout,
             async_mode=async_mode,
             restart_failed_workers=restart_failed_workers,

@@ -113,6 +113,44 @@ def test_reset_seeds_and_options(closing):
         assert_same(envs.reset(**kwargs), ref.reset(**kwargs), str(kwargs))
 
 
+class ResetKeywordsEnv(gym.Env):
+    """Records the keywords of each reset() call (not made through
+    gym.make, whose wrappers pass both); episodes of 2 steps."""
+
+    observation_space = spaces.Box(-1, 1, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self):
+        self.calls = []
+        self.t = 0
+
+    def reset(self, **kwargs):
+        self.calls.append(sorted(k for k in kwargs if kwargs[k] is not None) + [f"{k}=None" for k in sorted(kwargs)
+                                                                                if kwargs[k] is None])
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(1, np.float32), 0.0, self.t == 2, False, {}
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m is not AutoresetMode.DISABLED], ids=mode_id)
+@pytest.mark.parametrize("num_workers, caller_steps", [(0, True), (1, False)])
+def test_reset_gets_the_keywords_sync_gives(mode, num_workers, caller_steps, closing):
+    """An env's reset() gets what SyncVectorEnv passes it: Gymnasium 1.x
+    passes seed and options always, 0.29 each only when not None (so a
+    `reset(self, seed=None)` works there); an autoreset passes none."""
+    envs, ref = sync_pair([ResetKeywordsEnv] * 2, mode, num_workers=num_workers, caller_steps=caller_steps,
+                          start_method="fork")
+    closing(envs), closing(ref)
+    for kwargs in [{}, dict(seed=1), dict(options={"a": 1}), dict(seed=2, options={})]:
+        assert_same(envs.reset(**kwargs), ref.reset(**kwargs), str(kwargs))
+        for t in range(3):  # an episode's end, and its autoreset
+            assert_same(envs.step(np.zeros(2, np.int64)), ref.step(np.zeros(2, np.int64)), f"step {t}")
+    assert envs.get_attr("calls") == ref.get_attr("calls")
+
+
 @needs_autoreset_modes("options['reset_mask']")
 def test_reset_masks(closing):
     envs, ref = pair(spaces_env("dict"), 4, num_workers=1, start_method="fork")

@@ -787,23 +787,34 @@ def test_close_releases_the_arena_while_the_object_lives():
     assert obs.shape == (4, 2)
 
 
-def check_dev_shm_unused(before: set[str], pids=()) -> None:
+def dev_shm_in_use(pid: int) -> set[str]:
+    """The /dev/shm files process `pid` maps or holds open."""
+    with open(f"/proc/{pid}/maps") as f:
+        used = {line.split(maxsplit=5)[-1].strip() for line in f if "/dev/shm/" in line}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("/dev/shm/"):
+            used.add(target)
+    return used
+
+
+def check_dev_shm_unused(before: set[str], pids=(), ours_before: set[str] = frozenset()) -> None:
     """/dev/shm is shared with every process on the machine, so new entries
     there may be anyone's: ours would carry shmvec's name or be open or
-    mapped by this process (or `pids`)."""
+    mapped by this process or by `pids` (beyond `ours_before`, what this
+    process used before: an earlier test's libraries, such as the POSIX
+    semaphore moviepy's video writer leaves mapped, which forked workers
+    inherit)."""
     assert not {name for name in dev_shm() - before if "shmvec" in name}
     for pid in (os.getpid(), *pids):
-        with open(f"/proc/{pid}/maps") as f:
-            assert not [line for line in f if "/dev/shm/" in line]
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                assert not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/")
-            except FileNotFoundError:
-                pass
+        assert dev_shm_in_use(pid) <= ours_before, pid
 
 
 def test_arena_is_a_memfd_not_a_dev_shm_file(closing):
-    before = dev_shm()
+    before, ours_before = dev_shm(), dev_shm_in_use(os.getpid())
     envs = make_envs(num_workers=1, caller_steps=True)
     closing(envs)
     pids = worker_pids(envs)
@@ -811,7 +822,7 @@ def test_arena_is_a_memfd_not_a_dev_shm_file(closing):
     for pid in (os.getpid(), *pids):
         with open(f"/proc/{pid}/maps") as f:
             assert any("memfd:shmvec-arena" in line for line in f), f"no arena mapped in {pid}"
-    check_dev_shm_unused(before, pids)
+    check_dev_shm_unused(before, pids, ours_before)
 
 
 def _cycle(k: int, start_method: str) -> None:
@@ -835,7 +846,7 @@ def check_no_leaks(cycles: int, start_method: str) -> None:
     gc.collect()  # first: garbage must not close its fds during the cycles
     before_procs = set(descendants())
     before_fds = open_fds()
-    before_shm = dev_shm()
+    before_shm, ours_before = dev_shm(), dev_shm_in_use(os.getpid())
     before_maps = arena_mappings()
     for k in range(cycles):
         _cycle(k, start_method)
@@ -846,7 +857,7 @@ def check_no_leaks(cycles: int, start_method: str) -> None:
     assert wait_gone(extra, 5) == [], [(p, cmdline(p)) for p in extra if running(p)]
     assert all(is_mp_helper(p) for p in children() if running(p) and p not in before_procs)
     assert open_fds() == before_fds
-    check_dev_shm_unused(before_shm)
+    check_dev_shm_unused(before_shm, ours_before=ours_before)
     # Closed envs that pytest.raises tracebacks still reference go with the
     # garbage; whether close() itself unmaps is test_close_releases_the_arena...
     gc.collect()

@@ -319,6 +319,45 @@ def test_options_per_env_are_used_once(kind, closing):
     assert venv.reset()[:, 0].tolist() == [3.0] * N
 
 
+class KeywordsEnv(gym.Env):
+    """Records the keywords each reset() got; takes no `options` unless
+    `options` is set (an env written for SB3, as SB3's own test envs)."""
+
+    observation_space = spaces.Box(-10, 10, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, takes_options: bool = False):
+        self.takes_options = takes_options
+        self.calls = []
+
+    def reset(self, **kwargs):
+        if "options" in kwargs and not self.takes_options:
+            raise TypeError("reset() got an unexpected keyword argument 'options'")
+        self.calls.append(sorted(kwargs))
+        super().reset(seed=kwargs.get("seed"))
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, bool(action), False, {}
+
+
+@pytest.mark.parametrize("kind", ["dummy", "shmvec", "subproc"])
+@pytest.mark.parametrize("layout", [{"num_workers": 0}, {"num_workers": 1, "caller_steps": False}])
+def test_reset_gets_the_keywords_dummy_gives(kind, layout, closing):
+    """DummyVecEnv calls reset(seed=...) and adds options= only when
+    set_options() set some for that env; an autoreset calls reset()."""
+    venv = closing(make(kind, [functools.partial(KeywordsEnv, takes_options=i == 1) for i in range(2)], **layout))
+    venv.seed(3)
+    venv.reset()
+    venv.step(np.array([1, 0]))  # env 0's episode ends: an autoreset
+    venv.set_options([{}, {"value": 1}])
+    venv.reset()
+    assert venv.env_method("__getattribute__", "calls") == [
+        [["seed"], [], ["seed"]],
+        [["seed"], ["options", "seed"]],
+    ]
+
+
 # -- attributes, methods, wrappers ---------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["dummy", "shmvec", "subproc"])
@@ -553,10 +592,15 @@ def test_start_method_may_be_positional_as_in_subproc_vec_env(closing):
 
 
 @pytest.mark.parametrize("kind", ["dummy", "shmvec"])
-def test_one_env_instance_for_several_envs_is_refused(kind):
+@pytest.mark.parametrize("wrap", [lambda env: env, Monitor], ids=["bare", "new-wrapper-each-call"])
+@pytest.mark.parametrize("layout", [{"num_workers": 0}, {"num_workers": 1, "caller_steps": False}])
+def test_one_env_instance_for_several_envs_is_refused(kind, wrap, layout):
+    """As DummyVecEnv checks env.unwrapped: make_vec_env(lambda: env) puts a
+    new Monitor around the same env each time, and envs of one process would
+    step one env."""
     env = ProbeEnv()
     with pytest.raises(ValueError, match="same"):
-        make(kind, [lambda: env] * 2, num_workers=0)
+        make(kind, [lambda: wrap(env)] * 2, **layout)
 
 
 def test_misuse_after_close_and_out_of_order(closing):

@@ -84,6 +84,7 @@ class Engine(CommandRunner):
         pin_workers: bool | str | Sequence[int] = "auto",
         start_method: str | None = None,
         autoreset_code: int = 0,
+        reset_call: str = "seed-and-options",
         timeout: float | None = None,
         async_mode: bool = False,
         restart_failed_workers: bool = False,
@@ -144,7 +145,7 @@ class Engine(CommandRunner):
             if caller_rows is not None:
                 factories = [env_fns[i] for i in caller_rows]
                 self._caller = EnvSlice(make_envs(factories, caller_rows.start), caller_rows.start)
-            self._describe_and_attach(autoreset_code, observation_mode)
+            self._describe_and_attach(autoreset_code, reset_call, observation_mode)
         except BaseException:
             try:
                 self.close(terminate=True)
@@ -189,7 +190,7 @@ class Engine(CommandRunner):
         if w:
             self._channel.post(list(range(w)), P.DESCRIBE)
 
-    def _describe_and_attach(self, autoreset_code: int, observation_mode: Any) -> None:
+    def _describe_and_attach(self, autoreset_code: int, reset_call: str, observation_mode: Any) -> None:
         descriptions = [self._caller.describe()] if self._caller is not None else []
         if self.num_workers:
             try:
@@ -234,12 +235,12 @@ class Engine(CommandRunner):
             lambda k: engine()._info_schema(k))
         self.views["action_dtypes"][:] = self.layout.action_space_codes  # until the first batch
         if self._caller is not None:
-            self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code)
+            self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code, reset_call)
         if self.async_mode:
             self.async_steps = AsyncSteps(self, self._data, self.layout.async_offset, self._caller,
                                           self._torch_threads)
         if self.num_workers:
-            self._attach_request = P.dumps((self.layout, obs_space, act_space, autoreset_code))
+            self._attach_request = P.dumps((self.layout, obs_space, act_space, autoreset_code, reset_call))
             self.transport.request(P.ATTACH, [self._attach_request] * self.num_workers)
 
     def _slice_rows(self) -> list[range]:

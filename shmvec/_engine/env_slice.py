@@ -16,7 +16,7 @@ from shmvec._engine.layout import (
     ACTION_AS_GIVEN, ACTION_AS_PYTHON, DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback,
 )
 
-__all__ = ["EnvSlice", "AUTORESET_CODES", "COPY_FINAL_INFO_ARRAYS"]
+__all__ = ["EnvSlice", "AUTORESET_CODES", "COPY_FINAL_INFO_ARRAYS", "RESET_CALLS"]
 
 # AutoresetMode -> the code the native stepper uses.
 AUTORESET_CODES = {"NextStep": 0, "SameStep": 1, "Disabled": 2}
@@ -25,6 +25,21 @@ AUTORESET_CODES = {"NextStep": 0, "SameStep": 1, "Disabled": 2}
 # then (kCopyFinalInfoArrays in csrc/stepper.hpp). SB3's VecEnvs and
 # Gymnasium 0.29 keep the info itself.
 COPY_FINAL_INFO_ARRAYS = 0x10
+
+# The keywords each front end's peer passes to an env's reset() when asked to
+# reset it (autoresets pass none, in the native stepper as in the peers). They
+# differ, and an env whose reset() takes fewer than Gymnasium 1.x's
+# (`def reset(self, seed=None)`) works only where they are the same:
+# - "seed-and-options": Gymnasium 1.x's vector envs, both always;
+# - "given": Gymnasium 0.29's, each only when it is not None;
+# - "seed-and-set-options": SB3's VecEnvs, the seed always, options only when
+#   set (a non-empty dict).
+RESET_CALLS = {
+    "seed-and-options": lambda seed, options: {"seed": seed, "options": options},
+    "given": lambda seed, options: {name: value for name, value in (("seed", seed), ("options", options))
+                                    if value is not None},
+    "seed-and-set-options": lambda seed, options: {"seed": seed, "options": options} if options else {"seed": seed},
+}
 
 
 def _action_builder(action_space, action_views, action_codes):
@@ -89,7 +104,8 @@ class EnvSlice:
         }
 
     def attach(self, layout: DataLayout, buffer: Any, observation_space, action_space,
-               autoreset_code: int) -> None:
+               autoreset_code: int, reset_call: str) -> None:
+        self._reset_kwargs = RESET_CALLS[reset_call]
         views = layout.views(buffer)
         single_action = is_single_fixed_leaf(action_space)
         single_obs = is_single_fixed_leaf(observation_space)
@@ -125,7 +141,7 @@ class EnvSlice:
             if mask is not None and not mask[k]:
                 continue
             self.failed_row = row
-            result = env.reset(seed=seeds[k], options=options)
+            result = env.reset(**self._reset_kwargs(seeds[k], options))
             if not isinstance(result, tuple) or len(result) != 2:
                 raise ValueError(f"env {row}: reset() must return (obs, info), got {type(result).__name__}")
             obs, info = result

@@ -173,10 +173,10 @@ class Worker:
         if code == P.DESCRIBE:
             return s.describe()
         if code == P.ATTACH:
-            layout, obs_space, act_space, autoreset_code = args
+            layout, obs_space, act_space, autoreset_code, reset_call = args
             self.data_mapping = _core.Mapping(self.spec.arena.fd, layout.base_offset + layout.size)
             os.close(self.spec.arena.fd)  # the mappings keep the memory
-            s.attach(layout, self.data_mapping, obs_space, act_space, autoreset_code)
+            s.attach(layout, self.data_mapping, obs_space, act_space, autoreset_code, reset_call)
             if layout.async_offset is not None:
                 self.channel.attach_async(self.data_mapping, layout.async_offset, layout.num_envs,
                                           layout.record_capacity, layout.async_rings)
