@@ -237,9 +237,15 @@ def test_observation_mode_checks(closing):
         shmvec.ShmVecEnv(fns, start_method="fork")
     with pytest.raises(ValueError, match="Invalid `observation_mode`"):
         shmvec.ShmVecEnv(fns, observation_mode="invalid")
+    # Spaces that "different" cannot batch: SyncVectorEnv's own errors, types and messages.
     shapes = [functools.partial(SpacesEnv, spaces.Box(0, 1, (n,), np.float32), spaces.Discrete(2)) for n in (2, 3)]
-    with pytest.raises(RuntimeError, match="shape and dtype"):
-        shmvec.ShmVecEnv(shapes, observation_mode="different", start_method="fork")
+    types = [functools.partial(SpacesEnv, space, spaces.Discrete(2))
+             for space in (spaces.Box(0, 1, (1,), np.float32), spaces.Discrete(3))]
+    for fns in (shapes, types):
+        with pytest.raises((TypeError, ValueError)) as expected:
+            SyncVectorEnv(fns, observation_mode="different")
+        with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+            shmvec.ShmVecEnv(fns, observation_mode="different", start_method="fork")
 
 
 # -- any worker count for any number of envs ----------------------------------------

@@ -41,6 +41,40 @@ def test_opencv_runs_one_thread_in_workers(closing):
     assert envs.call("cv2_threads") == (1, 1)
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["start", "restart"])
+def test_fork_after_the_caller_ran_opencv_threads_starts(restart, tmp_path):
+    """A forked worker that set the thread count of an OpenCV pool its
+    parent had run hung before its first command (the caller resizing
+    frames itself, or an env of the caller's slice, before the vector env
+    is made or a worker restarted). Workers are forked with the caller's
+    pool at one thread, and the caller gets its own count back. In a fresh
+    process: a hang there is a timeout, not a stuck suite."""
+    pytest.importorskip("cv2")
+    script = textwrap.dedent(f"""
+        import os, signal
+        import cv2, numpy as np
+        import shmvec
+        from test_worker_threads import Cv2Env
+
+        cv2.setNumThreads(2)
+        cv2.resize(np.zeros((2000, 2000, 3), np.uint8), (1200, 900))  # runs OpenCV's pool
+        envs = shmvec.ShmVecEnv([Cv2Env] * 2, num_workers=1, caller_steps=False, start_method="fork",
+                                restart_failed_workers=True)
+        envs.reset(seed=0)
+        if {restart}:
+            cv2.resize(np.zeros((2000, 2000, 3), np.uint8), (1200, 900))
+            os.kill(envs._engine.pool.processes[0].pid, signal.SIGKILL)
+            envs.step(np.zeros(2, np.int64))  # reports the restart
+        print(envs.call("cv2_threads"), cv2.getNumThreads())
+        envs.close()
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(__file__))
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)  # (away from the source tree, whose shmvec has no built core)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "(1, 1) 2"
+
+
 class BlasEnv(gym.Env):
     observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
     action_space = gym.spaces.Discrete(2)

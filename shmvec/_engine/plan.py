@@ -288,6 +288,10 @@ def check_observation_spaces(spaces: list, observation_mode: Any) -> Any:
     # Gymnasium 1.x only, as observation_mode (the front end refuses it on 0.29)
     from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
+    if observation_mode == "different":
+        from gymnasium.vector.utils import batch_differing_spaces
+
+        batch_differing_spaces(spaces)  # raises first where SyncVectorEnv's does (spaces of other types)
     single = spaces[0] if observation_mode == "different" else observation_mode[1]
     for row, space in enumerate(spaces):
         if not is_space_dtype_shape_equiv(space, single):

@@ -20,6 +20,7 @@ from shmvec import _core
 from shmvec._engine.cpus import choose_cpus
 from shmvec._engine.cycle import CLOSED, CommandCycle
 from shmvec._engine.system import PARENT_ONLY_FDS
+from shmvec._engine.thread_pools import env_pools_held_while_forking
 from shmvec._engine.transport import REPLY_CAPACITY, REQUEST_CAPACITY
 from shmvec._engine.worker import CLOSE_GRACE_S, FdHandle, WorkerSpec
 from shmvec._engine.worker import main as worker_main
@@ -136,7 +137,8 @@ class WorkerPool:
             start_method=self.start_method, cpu=self.cpus[k],
         )
         p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=self.daemon)
-        p.start()
+        with env_pools_held_while_forking(self.start_method):
+            p.start()
         return p
 
     # -- liveness -----------------------------------------------------------------

@@ -20,10 +20,12 @@ the worker, as before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 
-__all__ = ["hold_env_pools", "hold_loaded_pools", "hold_worker_pools"]
+__all__ = ["hold_env_pools", "hold_loaded_pools", "hold_worker_pools", "env_pools_held_while_forking"]
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -58,3 +60,22 @@ def hold_env_pools() -> None:
     cv2 = sys.modules.get("cv2")
     if cv2 is not None:
         cv2.setNumThreads(1)
+
+
+@contextlib.contextmanager
+def env_pools_held_while_forking(start_method: str) -> Iterator[None]:
+    """Under fork, OpenCV's pool held at one thread in this process while a
+    worker is forked, then set back. A forked child that sets the thread
+    count of a pool its parent ran (hold_env_pools, in every worker) hangs
+    in OpenCV 4's pthreads pool; a parent's pool at one thread has no
+    threads, and setting it in the child is safe. (Under forkserver and
+    spawn, workers come from a fresh interpreter.)"""
+    cv2 = sys.modules.get("cv2") if start_method == "fork" else None
+    threads = cv2.getNumThreads() if cv2 is not None else 1
+    if threads != 1:
+        cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        if threads != 1:
+            cv2.setNumThreads(threads)
