@@ -141,6 +141,29 @@ def test_ctrl_c_at_every_point_of_a_step_loses_no_step(num_workers, mode, split,
     assert interrupted >= 50, interrupted  # the sweep did reach into shmvec's calls
 
 
+def test_ctrl_c_while_the_workers_placement_reads_the_load(monkeypatch, default_sigint, closing):
+    """Lock-step workers' placement reads the CPUs' load from /proc every
+    0.2 s of stepping (cpus.WorkerPlacement); here before every command, so
+    that the sweep's SIGINTs land inside the reading too. One there left a
+    /proc file open for the garbage to close (a ResourceWarning, an error in
+    this suite: the sweep above met it now and then)."""
+    from shmvec._engine.cpus import WorkerPlacement
+
+    monkeypatch.setattr(WorkerPlacement, "WINDOW_S", 0.0)
+    num_envs = 4
+    envs = shmvec.ShmVecEnv(cartpoles(num_envs), num_workers=2, caller_steps=False, start_method="fork")
+    closing(envs)
+    if envs._engine._placement is None:
+        pytest.skip("no placement watches these workers here (a CPU quota, or CPUs this process may not use)")
+    ref = gym.vector.SyncVectorEnv(cartpoles(num_envs))
+    assert_same(envs.reset(seed=3), ref.reset(seed=3), "reset")
+    ref.step(actions(0, num_envs))
+    out, interrupted = sweep_lockstep(envs, num_envs, split=True)
+    for t, got in enumerate(out, 1):
+        assert_same(got, ref.step(actions(t, num_envs)), f"step {t}")
+    assert interrupted >= 50, interrupted
+
+
 def sweep_send_recv(envs, num_envs: int) -> tuple[list, int]:
     """recv() and send() once each without a SIGINT, counting their
     events, then once each for each k up to twice the larger count, with a

@@ -194,7 +194,8 @@ class WorkerPlacement:
         if self.following:
             self._follow()
         if time.monotonic() >= self._due:  # one clock read a command: the window's reading is rare
-            self._look()
+            # Ctrl-C held: one inside would leave a /proc file open, to the garbage.
+            _core.run_holding_interrupt(self._look)
 
     def forget(self) -> None:
         """A worker was restarted: move them all at the next command."""
