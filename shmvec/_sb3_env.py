@@ -54,7 +54,10 @@ class EnvFactory:
                 "the env factories returned the same env instance twice; each call must create "
                 "a new env (e.g. `lambda: gym.make(env_id)`, not `lambda: env`), as DummyVecEnv requires"
             )
-        setattr(env.unwrapped, OWNER, self.owner)
+        try:
+            setattr(env.unwrapped, OWNER, self.owner)
+        except (AttributeError, TypeError):  # an env that takes no attributes (__slots__): left unchecked
+            pass
         setattr(env, HOOK, Hook(env, self.owner))
         return env
 
