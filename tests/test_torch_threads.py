@@ -90,10 +90,13 @@ _fork_server: subprocess.Popen | None = None
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_the_fork_server():
+    global _fork_server
     yield
     if _fork_server is not None:
         _fork_server.stdin.close()  # its loop ends
         _fork_server.wait(timeout=30)
+        _fork_server.stdout.close()
+        _fork_server = None
 
 
 def run_forked(script: str, cwd) -> tuple[int | str, str, str]:
