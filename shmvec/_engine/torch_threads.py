@@ -7,7 +7,9 @@ small policy's forward pass slows down by up to 30x (measured with a 64-64
 MLP on 2 CPUs; `OMP_WAIT_POLICY=PASSIVE` or one thread removes it). So while
 a vector env is open, shmvec lowers torch's threads to the CPUs its workers
 and other programs' busy threads leave free, says so once, and restores them
-when the last env closes.
+when the last env closes. Torch rounds some ops differently at another
+count, so a seeded policy's numbers change with it (``torch_threads=None``
+keeps those of torch's own count, an int the same ones in every run).
 
 Only a torch already imported is touched: shmvec never imports it. One
 imported after the env was made (a script that builds its policy between
@@ -288,7 +290,8 @@ class TorchThreads:
             _warn_once(f"shmvec set torch.set_num_threads({target}) (it was {threads}) while this vector env "
                        f"is open: {takers} leave it {free} of the {cpus} CPUs, and torch's threads "
                        "would wait on cores they hold. close() restores it; pass "
-                       "torch_threads=None to keep torch's setting.")
+                       "torch_threads=None to keep torch's setting (torch rounds some ops differently at "
+                       "another count: a seeded policy's numbers are then those it gets beside SyncVectorEnv).")
         _Lowered.holders += 1
         self._holding = True
         if (setting == "auto" and worker_processes and not _Lowered.timed

@@ -160,7 +160,11 @@ if __name__ == "__main__":
 
     # env setup
     # shmvec's tests: the only edit to CleanRL's ppo.py, the vector env class is selectable
-    VectorEnv = __import__("shmvec").ShmVecEnv if os.environ.get("CLEANRL_VECTOR_ENV") == "shmvec" else gym.vector.SyncVectorEnv
+    # (CLEANRL_VECTOR_ENV=shmvec, with SHMVEC_OPTIONS a JSON dict of ShmVecEnv's keywords)
+    if os.environ.get("CLEANRL_VECTOR_ENV") == "shmvec":
+        VectorEnv = __import__("functools").partial(__import__("shmvec").ShmVecEnv, **__import__("json").loads(os.environ.get("SHMVEC_OPTIONS", "{}")))
+    else:
+        VectorEnv = gym.vector.SyncVectorEnv
     envs = VectorEnv(
         [make_env(args.env_id, i, args.capture_video, run_name) for i in range(args.num_envs)],
     )
