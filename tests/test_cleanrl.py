@@ -35,7 +35,7 @@ for module in ("torch", "tyro", "tensorboard"):  # CleanRL's dependencies, not s
     pytest.importorskip(module)
 
 PPO = pathlib.Path(__file__).resolve().parent / "data" / "cleanrl" / "ppo.py"
-# A short CPU run: 3 rollouts of 4 envs x 128 steps, with 2 policy updates in between.
+# A short CPU run: 3 rollouts of 4 envs x 128 steps, each followed by a policy update.
 ARGS = ["--seed", "1", "--total-timesteps", "1536", "--num-envs", "4", "--no-cuda"]
 RETURN = re.compile(r"^global_step=\d+, episodic_return=.*$", re.MULTILINE)
 
@@ -80,6 +80,6 @@ def test_ppo_logs_the_same_numbers_as_sync_vector_env_with_torch_left_alone(tmp_
     (the README's promise for ``torch_threads=None``)."""
     expected_returns, expected = sync_run
     got_returns, got = ppo_run(tmp_path / "shmvec", "shmvec", torch_threads=None)
-    assert "losses/approx_kl" in expected and len(expected["losses/approx_kl"]) == 3  # one a rollout
+    assert "losses/approx_kl" in expected and len(expected["losses/approx_kl"]) == 3  # one after each rollout
     assert got_returns == expected_returns
     assert got == expected
