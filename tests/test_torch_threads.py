@@ -66,8 +66,8 @@ FORK_SERVER = textwrap.dedent("""
             try:
                 exec(compile(request["script"], "<script>", "exec"), vars(sys.modules["__main__"]))
                 code = 0
-            except SystemExit as stop:
-                code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+            except SystemExit as stop:  # sys.exit(n): n, as the interpreter gives it
+                code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
             except BaseException:
                 traceback.print_exc()
                 code = 1
