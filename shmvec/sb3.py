@@ -68,8 +68,8 @@ class ShmVecEnv(VecEnv):
         torch_threads: ``"auto"`` (default), an int or ``None``: torch's
             intra-op threads while this env is open (as for ``shmvec.ShmVecEnv``).
             A different thread count can change how torch rounds some ops
-            (convolutions): to train bit for bit as beside ``DummyVecEnv``
-            with torch's own count, pass ``None``.
+            (matmuls, convolutions): to train bit for bit as beside
+            ``DummyVecEnv`` with torch's own count, pass ``None``.
 
     Example:
         >>> import gymnasium as gym

@@ -108,8 +108,11 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             is made, or by a ``reset()``) and runs more intra-op threads
             than the CPUs the workers leave free, shmvec lowers them to
             that number while this env is open (close() restores them) and
-            says so once; an int: that many while open; ``None``: leave
-            torch alone.
+            says so once, and gives them back where timings say a policy
+            runs faster with them; with torch's deterministic mode on, it
+            holds the number an idle machine gets and times nothing (the
+            same numbers in every run); an int: that many while open;
+            ``None``: leave torch alone (``SyncVectorEnv``'s numbers).
         observation_space, action_space: Gymnasium 0.29's ``SyncVectorEnv``
             and ``AsyncVectorEnv`` keywords (1.x has none): each env's space
             must equal the one given, else ``RuntimeError``.

@@ -492,6 +492,59 @@ def test_an_env_closed_in_a_foreseen_gap_restores_torch(tmp_path):
     assert result["closed"] == result["MANY"]
 
 
+# A user who asks torch for reproducible numbers (CleanRL's scripts set
+# cuDNN's flag by default) gets the same numbers from every run of a seed:
+# "auto" then uses nothing that differs between runs, neither other programs'
+# load when the env is made nor timings while it steps. (CleanRL's
+# ppo_continuous_action.py on 4 HalfCheetahs gave one result in 5 runs and
+# another in the sixth, as the timed trials went.)
+DETERMINISM = {"algorithms": "torch.use_deterministic_algorithms(True)",
+               "cudnn": "torch.backends.cudnn.deterministic = True"}
+
+
+@pytest.mark.parametrize("asked", DETERMINISM)
+@pytest.mark.parametrize("cpus, busy, envs, held", [(16, 14, "make()", 15), (None, 1, "make_one()", "CPUS")],
+                         ids=["busy-cpus", "no-worker-beside-busy-cpus"])
+def test_with_torch_determinism_auto_holds_what_an_idle_machine_gets(tmp_path, asked, cpus, busy, envs, held):
+    # busy-cpus: one explicit worker, 14 of 16 CPUs busy: the load alone
+    # would leave torch 1. no-worker...: one env, which the caller steps
+    # (CleanRL's DQN, SAC, TD3): the load alone would lower torch.
+    result = run(f"""
+        {DETERMINISM[asked]}
+        def make_one():
+            return shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")], start_method="fork")
+        torch.set_num_threads(MANY)
+        envs = {envs}
+        seen["open"] = torch.get_num_threads()
+        seen["held"] = {held}
+        envs.close()
+        seen["closed"] = torch.get_num_threads()
+    """, tmp_path, cpus, busy=busy)
+    assert result["open"] == result["held"] and result["held"] != result["FREE"]
+    assert result["closed"] == result["MANY"]
+    (message,) = performance_warnings(result)
+    assert f"torch.set_num_threads({result['held']})" in message and "deterministic mode" in message
+
+
+@pytest.mark.parametrize("asked", ["before", "after"], ids=["asked-before-the-env", "asked-after-the-env"])
+@pytest.mark.parametrize("loop", ["long-gaps", "updates"])
+def test_with_torch_determinism_auto_makes_no_timed_choice(tmp_path, asked, loop):
+    # After: SB3's set_random_seed sets cuDNN's flag when its model is made, after the env.
+    determinism = "torch.backends.cudnn.deterministic = True"
+    if loop == "long-gaps":
+        body = "import time\nAWAY = 0.005\ntorch.set_num_threads(MANY)\nenvs = make()\n" + textwrap.dedent(STEPS)
+    else:
+        body = textwrap.dedent(rollouts(FASTER_WITH_THREADS))
+    made = body.index("\n", body.index("envs = make()")) + 1
+    body = body[:made] + determinism + "\n" + body[made:] if asked == "after" else determinism + "\n" + body
+    result = run(body, tmp_path)
+    assert result["stepping"] == result["FREE"] and result["closed"] == result["MANY"]
+    if loop == "updates":
+        assert result["rollouts"] == [result["FREE"]] and set(result["updates"]) == {result["FREE"]}
+    (message,) = performance_warnings(result)
+    assert f"torch.set_num_threads({result['FREE']})" in message
+
+
 class JudgedLoop:
     """A GapJudge on a clock the test moves. Each step() takes 50 us, then
     the caller is away for `away(given)` ns, `given`: whether torch got its

@@ -110,7 +110,7 @@ class Engine(CommandRunner):
         busy_cpus = cpus_busy_elsewhere(own_pids=live_worker_pids()) if num_workers != 0 else 0
         # With no CPU idle: whether a worker more gets a share of the CPUs of its own (15 ms more).
         shares = no_cpu_idle(busy_cpus) and busy_threads_share_our_group(own_pids=live_worker_pids())
-        requested = num_workers
+        requested, caller_steps_given = num_workers, caller_steps
         follows = workers_follow_caller(async_mode, pin_workers, busy_cpus)
         num_workers, caller_steps = plan_slices(self.num_envs, num_workers, caller_steps, async_mode, busy_cpus,
                                                 follows, shares, max_concurrency)
@@ -123,7 +123,11 @@ class Engine(CommandRunner):
         if note:
             warn_performance(note)
         self.num_workers = num_workers
-        self._torch_threads = TorchThreads(torch_threads, num_workers, busy_cpus, lock_step=not async_mode)
+        # The workers an idle machine gets: torch's count where reproducible numbers are asked for.
+        idle_workers = num_workers if not busy_cpus else plan_slices(
+            self.num_envs, requested, caller_steps_given, async_mode, max_concurrency=max_concurrency)[0]
+        self._torch_threads = TorchThreads(torch_threads, num_workers, busy_cpus, lock_step=not async_mode,
+                                           idle_workers=idle_workers)
         # Released by close(), or when the engine is collected unclosed.
         self._release_torch_threads = weakref.finalize(self, self._torch_threads.release)
         slices = split_slices(self.num_envs, num_workers + (1 if caller_steps else 0))

@@ -35,6 +35,13 @@ torch's threads given back for every update). Async mode does the same for
 an update after a rollout's last send(), or between its last recv() and
 the send() after it; other gaps keep torch held (the workers step while
 the policy runs), as do foreseen ones whose trial found no gain.
+
+Timings and other programs' load differ between runs, so a seeded policy
+trained under those choices can differ from one run to the next. Where the
+user has asked torch for reproducible numbers (`determinism_asked`: CleanRL's
+scripts do by default), "auto" depends on neither: it holds torch at the
+CPUs that the workers an idle machine gets leave free, from the env's making
+to its close().
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from shmvec import _core
 from shmvec._engine.system import usable_cpus
 from shmvec.errors import warn_performance
 
-__all__ = ["GapJudge", "TorchThreads", "check_setting"]
+__all__ = ["GapJudge", "TorchThreads", "check_setting", "determinism_asked"]
 
 _told = False  # one warning a process
 _told_gaps = False  # and one when foreseen gaps get torch's threads
@@ -219,6 +226,17 @@ class GapJudge:
         return give
 
 
+def determinism_asked(torch) -> bool:
+    """Whether the user asked torch for reproducible numbers:
+    ``torch.use_deterministic_algorithms(True)``, or cuDNN's deterministic
+    flag, which CleanRL's scripts set by default (``--torch-deterministic``)
+    and SB3's ``set_random_seed`` sets on CUDA."""
+    try:
+        return bool(torch.are_deterministic_algorithms_enabled() or torch.backends.cudnn.deterministic)
+    except AttributeError:  # a torch without them
+        return False
+
+
 def check_setting(torch_threads) -> None:
     if torch_threads in ("auto", None):
         return
@@ -241,13 +259,16 @@ class TorchThreads:
     two CPU hogs on 2 CPUs, SyncVectorEnv over 64 CartPoles with a 64-64 MLP
     at torch's 2 threads ran 1.6k steps/s in most passes). An int: exactly
     that many. None: leave torch alone, but warn once if its threads compete
-    with the workers."""
+    with the workers. Where torch's determinism is asked for, "auto" counts
+    the `idle_workers` an idle machine gets instead, and no busy CPUs."""
 
-    def __init__(self, setting, worker_processes: int, busy_cpus: int = 0, lock_step: bool = True):
+    def __init__(self, setting, worker_processes: int, busy_cpus: int = 0, lock_step: bool = True,
+                 idle_workers: int | None = None):
         check_setting(setting)
         self._setting = setting
         self._worker_processes = worker_processes
         self._busy_cpus = busy_cpus
+        self._idle_workers = worker_processes if idle_workers is None else idle_workers
         self._lock_step = lock_step
         self._holding = False
         self._seen_torch = False
@@ -263,14 +284,20 @@ class TorchThreads:
         if torch is None or self._seen_torch:
             return
         self._seen_torch = True
-        setting, worker_processes = self._setting, self._worker_processes
+        setting, worker_processes, busy_cpus = self._setting, self._worker_processes, self._busy_cpus
+        # Reproducible numbers asked for: nothing that differs between runs (the
+        # load now, which the default worker count follows too; timings later).
+        fixed = setting == "auto" and determinism_asked(torch)
+        if fixed:
+            worker_processes, busy_cpus = self._idle_workers, 0
         threads, cpus = torch.get_num_threads(), usable_cpus()
-        free = max(1, cpus - worker_processes - self._busy_cpus)
+        free = max(1, cpus - worker_processes - busy_cpus)
         parts = []  # who leaves torch `free` CPUs
         if worker_processes:
-            parts.append(f"shmvec's {worker_processes} worker processes")
-        if self._busy_cpus:
-            parts.append(f"other programs' threads (keeping {self._busy_cpus} CPUs busy)")
+            parts.append(f"shmvec's {worker_processes} worker processes"
+                         + (" (as many as an idle machine gets)" if fixed and self._busy_cpus else ""))
+        if busy_cpus:
+            parts.append(f"other programs' threads (keeping {busy_cpus} CPUs busy)")
         takers = " and ".join(parts)
         if setting is None:
             if threads > free:
@@ -287,14 +314,18 @@ class TorchThreads:
             _Lowered.original = threads
             _Lowered.set_to = _Lowered.shown = target
             torch.set_num_threads(target)
+            held = (" Torch's deterministic mode is on, so this count depends on neither other programs' load "
+                    "nor timings, and holds until close(); a policy that runs long between steps on the CPU "
+                    "(a CNN) may run faster with torch_threads=None." if fixed else "")
             _warn_once(f"shmvec set torch.set_num_threads({target}) (it was {threads}) while this vector env "
                        f"is open: {takers} leave it {free} of the {cpus} CPUs, and torch's threads "
                        "would wait on cores they hold. close() restores it; pass "
                        "torch_threads=None to keep torch's setting (torch rounds some ops differently at "
-                       "another count: a seeded policy's numbers are then those it gets beside SyncVectorEnv).")
+                       "another count: a seeded policy's numbers are then those it gets beside SyncVectorEnv)."
+                       + held)
         _Lowered.holders += 1
         self._holding = True
-        if (setting == "auto" and worker_processes and not _Lowered.timed
+        if (setting == "auto" and not fixed and worker_processes and not _Lowered.timed
                 and _Lowered.set_to is not None and _Lowered.set_to < _Lowered.original):
             _Lowered.timed = True
             # Async mode's workers step while the caller is away: no threads
@@ -316,8 +347,10 @@ class TorchThreads:
         programs leave) if the policy's time between steps is long: see the
         module's docstring."""
         torch = sys.modules.get("torch")
-        if gap_ns < GapJudge.LONG_NS or not self._held_by_us(torch):
-            return  # short gaps (foreseen long ones may still come), or the user has set torch's threads since
+        if gap_ns < GapJudge.LONG_NS or not self._held_by_us(torch) or determinism_asked(torch):
+            # Short gaps (foreseen long ones may still come), the user has set
+            # torch's threads since, or asked for reproducible numbers since.
+            return
         self.judge = None
         target = self._unheld()
         if target <= _Lowered.set_to:
@@ -333,7 +366,7 @@ class TorchThreads:
         after a rollout); returns whether it did."""
         torch = sys.modules.get("torch")
         target = self._unheld()
-        if target <= _Lowered.set_to or not self._held_by_us(torch):
+        if target <= _Lowered.set_to or not self._held_by_us(torch) or determinism_asked(torch):
             return False
         torch.set_num_threads(target)
         _Lowered.shown = target
