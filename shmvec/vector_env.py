@@ -110,8 +110,8 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             that number while this env is open (close() restores them) and
             says so once, and gives them back where timings say a policy
             runs faster with them; with torch's deterministic mode on, it
-            holds the number an idle machine gets and times nothing (the
-            same numbers in every run); an int: that many while open;
+            counts an idle machine's workers and times no update both ways
+            (the same numbers in every run); an int: that many while open;
             ``None``: leave torch alone (``SyncVectorEnv``'s numbers).
         observation_space, action_space: Gymnasium 0.29's ``SyncVectorEnv``
             and ``AsyncVectorEnv`` keywords (1.x has none): each env's space

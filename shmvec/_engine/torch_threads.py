@@ -39,9 +39,11 @@ the policy runs), as do foreseen ones whose trial found no gain.
 Timings and other programs' load differ between runs, so a seeded policy
 trained under those choices can differ from one run to the next. Where the
 user has asked torch for reproducible numbers (`determinism_asked`: CleanRL's
-scripts do by default), "auto" depends on neither: it holds torch at the
-CPUs that the workers an idle machine gets leave free, from the env's making
-to its close().
+scripts do by default), "auto" counts the workers an idle machine gets, not
+the load, and makes one timed choice only: `GapJudge`'s first median, whose
+loops lie far from its 2 ms bound (a small MLP's 60 us, a CNN's 5 ms; held
+at one thread, CleanRL's ppo_atari.py on the CPU ran 0.70x SyncVectorEnv).
+The foreseen gaps' trials, whose margin is a few percent, are left out.
 """
 
 from __future__ import annotations
@@ -272,6 +274,7 @@ class TorchThreads:
         self._lock_step = lock_step
         self._holding = False
         self._seen_torch = False
+        self._fixed = False  # "auto" with torch's determinism asked for when it looked
         # Set while "auto" holds torch below its own count because of the
         # workers: the engine times the gaps between steps (recv() and send() in async mode).
         self.judge: GapJudge | None = None
@@ -285,9 +288,9 @@ class TorchThreads:
             return
         self._seen_torch = True
         setting, worker_processes, busy_cpus = self._setting, self._worker_processes, self._busy_cpus
-        # Reproducible numbers asked for: nothing that differs between runs (the
-        # load now, which the default worker count follows too; timings later).
-        fixed = setting == "auto" and determinism_asked(torch)
+        # Reproducible numbers asked for: not the load now, which the default
+        # worker count follows too (and later no trial for updates).
+        fixed = self._fixed = setting == "auto" and determinism_asked(torch)
         if fixed:
             worker_processes, busy_cpus = self._idle_workers, 0
         threads, cpus = torch.get_num_threads(), usable_cpus()
@@ -314,9 +317,9 @@ class TorchThreads:
             _Lowered.original = threads
             _Lowered.set_to = _Lowered.shown = target
             torch.set_num_threads(target)
-            held = (" Torch's deterministic mode is on, so this count depends on neither other programs' load "
-                    "nor timings, and holds until close(); a policy that runs long between steps on the CPU "
-                    "(a CNN) may run faster with torch_threads=None." if fixed else "")
+            held = (" Torch's deterministic mode is on, so this count does not depend on other programs' load, "
+                    "and no timed trial changes it for updates (a policy more than 2 ms between steps gets "
+                    "torch's threads back after 32 steps)." if fixed else "")
             _warn_once(f"shmvec set torch.set_num_threads({target}) (it was {threads}) while this vector env "
                        f"is open: {takers} leave it {free} of the {cpus} CPUs, and torch's threads "
                        "would wait on cores they hold. close() restores it; pass "
@@ -325,7 +328,7 @@ class TorchThreads:
                        + held)
         _Lowered.holders += 1
         self._holding = True
-        if (setting == "auto" and not fixed and worker_processes and not _Lowered.timed
+        if (setting == "auto" and worker_processes and not _Lowered.timed
                 and _Lowered.set_to is not None and _Lowered.set_to < _Lowered.original):
             _Lowered.timed = True
             # Async mode's workers step while the caller is away: no threads
@@ -335,8 +338,9 @@ class TorchThreads:
                                   batch_steps=1 if self._lock_step else 2)
 
     def _unheld(self) -> int:
-        """Torch's own count, up to the CPUs other programs leave."""
-        return min(_Lowered.original, max(1, usable_cpus() - self._busy_cpus))
+        """Torch's own count, up to the CPUs other programs leave (all, where
+        reproducible numbers were asked for: not the load)."""
+        return min(_Lowered.original, max(1, usable_cpus() - (0 if self._fixed else self._busy_cpus)))
 
     def _held_by_us(self, torch) -> bool:
         """Whether torch runs the count shmvec set (not one the user set since)."""
@@ -347,10 +351,8 @@ class TorchThreads:
         programs leave) if the policy's time between steps is long: see the
         module's docstring."""
         torch = sys.modules.get("torch")
-        if gap_ns < GapJudge.LONG_NS or not self._held_by_us(torch) or determinism_asked(torch):
-            # Short gaps (foreseen long ones may still come), the user has set
-            # torch's threads since, or asked for reproducible numbers since.
-            return
+        if gap_ns < GapJudge.LONG_NS or not self._held_by_us(torch):
+            return  # short gaps (foreseen long ones may still come), or the user has set torch's threads since
         self.judge = None
         target = self._unheld()
         if target <= _Lowered.set_to:
@@ -366,6 +368,7 @@ class TorchThreads:
         after a rollout); returns whether it did."""
         torch = sys.modules.get("torch")
         target = self._unheld()
+        # Reproducible numbers asked for (maybe since the env was made): no trial.
         if target <= _Lowered.set_to or not self._held_by_us(torch) or determinism_asked(torch):
             return False
         torch.set_num_threads(target)
