@@ -236,9 +236,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         if self.observation_mode == "same":
             self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         elif self.observation_mode == "different":
-            from gymnasium.vector.utils import batch_differing_spaces  # Gymnasium 1.x only, as the mode
-
-            self.observation_space = batch_differing_spaces(description["observation_spaces"])
+            self.observation_space = description["batched_observation_space"]
         else:
             self.observation_space = self.observation_mode[0]
         self.action_space = batch_space(self.single_action_space, self.num_envs)

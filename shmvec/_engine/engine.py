@@ -205,10 +205,10 @@ class Engine(CommandRunner):
         observation_spaces = [space for d in descriptions for space in d["observation_spaces"]]
         action_spaces = [space for d in descriptions for space in d["action_spaces"]]
         if observation_mode == FIRST_ENV_SPACES:
-            obs_space = first_env_space(observation_spaces, "observation")
+            obs_space, batched_obs_space = first_env_space(observation_spaces, "observation"), None
             act_space = first_env_space(action_spaces, "action")
         else:
-            obs_space = check_observation_spaces(observation_spaces, observation_mode)
+            obs_space, batched_obs_space = check_observation_spaces(observation_spaces, observation_mode)
             for row, space in enumerate(action_spaces):
                 if space != action_spaces[0]:
                     raise RuntimeError(
@@ -219,7 +219,7 @@ class Engine(CommandRunner):
             act_space = action_spaces[0]
         self.description = {
             "observation_space": obs_space,
-            "observation_spaces": observation_spaces,
+            "batched_observation_space": batched_obs_space,  # observation_mode="different" only
             "action_space": act_space,
             "metadata": descriptions[0]["metadata"],
             "render_mode": descriptions[0]["render_mode"],

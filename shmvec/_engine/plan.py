@@ -271,10 +271,11 @@ def first_env_space(spaces: list, what: str) -> Any:
     return spaces[0]
 
 
-def check_observation_spaces(spaces: list, observation_mode: Any) -> Any:
-    """The single observation space the arena is laid out for, after
-    checking the envs' spaces as SyncVectorEnv does for `observation_mode`
-    ("same", "different", or a (batched, single) pair of spaces)."""
+def check_observation_spaces(spaces: list, observation_mode: Any) -> tuple[Any, Any]:
+    """(The single observation space the arena is laid out for, the batched
+    space for "different" or None), after checking the envs' spaces as
+    SyncVectorEnv does for `observation_mode` ("same", "different", or a
+    (batched, single) pair of spaces)."""
     if observation_mode == "same":
         single = spaces[0]
         for row, space in enumerate(spaces):
@@ -284,14 +285,15 @@ def check_observation_spaces(spaces: list, observation_mode: Any) -> Any:
                     f"are not equivalent. single_observation_space={single}, sub-environment {row} "
                     f"observation_space={space}. If this is intentional, use `observation_mode='different'` instead."
                 )
-        return single
+        return single, None
     # Gymnasium 1.x only, as observation_mode (the front end refuses it on 0.29)
     from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 
+    batched = None
     if observation_mode == "different":
         from gymnasium.vector.utils import batch_differing_spaces
 
-        batch_differing_spaces(spaces)  # raises first where SyncVectorEnv's does (spaces of other types)
+        batched = batch_differing_spaces(spaces)  # raises first where SyncVectorEnv's does (spaces of other types)
     single = spaces[0] if observation_mode == "different" else observation_mode[1]
     for row, space in enumerate(spaces):
         if not is_space_dtype_shape_equiv(space, single):
@@ -300,7 +302,7 @@ def check_observation_spaces(spaces: list, observation_mode: Any) -> Any:
                 f"observation spaces do not share a common shape and dtype, single_observation_space={single}, "
                 f"sub-environment {row} observation space={space}"
             )
-    return single
+    return single, batched
 
 
 def check_options(env_fns: Sequence, num_workers: Any, caller_steps: Any, async_mode: bool, timeout: Any,
