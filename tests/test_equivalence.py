@@ -288,6 +288,66 @@ def test_make_mirrors_make_vec(closing):
     run_lockstep(from_spec, ref, steps=20)
 
 
+def test_make_takes_make_vec_arguments(closing):
+    """make_vec's own signature: the mode third (any mode that makes the
+    envs one by one steps them in shmvec), the spec's make-level kwargs
+    (max_episode_steps, num_envs, ...) routed as make_vec routes them, its
+    forms of ids, and a vector spec that rebuilds the same envs."""
+    fork = {"num_workers": 1, "start_method": "fork"}
+    closing(shmvec.make("CartPole-v1", 2, "sync", fork))
+    for mode in ["async", "sync", None] + ([gym.VectorizeMode.ASYNC] if GYMNASIUM_1 else []):
+        envs = shmvec.make("CartPole-v1", 2, vectorization_mode=mode, vector_kwargs={"num_workers": 0})
+        closing(envs)
+        assert isinstance(envs, shmvec.ShmVecEnv) and envs.num_envs == 2
+    with pytest.raises(ValueError, match="gymnasium.make_vec"):
+        shmvec.make("CartPole-v1", 2, "vector_entry_point" if GYMNASIUM_1 else "custom")
+    with pytest.raises(ValueError, match="Invalid vectorization mode"):
+        shmvec.make("CartPole-v1", 2, "threads")
+
+    # The vector spec records what made the envs; made again from it, the same envs.
+    envs = shmvec.make("Pendulum-v1", 3, "async", {"num_workers": 0}, [gym.wrappers.ClipAction],
+                       g=2.0, max_episode_steps=4)
+    closing(envs)
+    assert envs.spec.kwargs == {"g": 2.0, "max_episode_steps": 4, "num_envs": 3, "vectorization_mode": "async",
+                                "vector_kwargs": {"num_workers": 0}, "wrappers": [gym.wrappers.ClipAction]}
+    if GYMNASIUM_1:
+        ref_spec = gym.make_vec("Pendulum-v1", 3, "sync", wrappers=[gym.wrappers.ClipAction], g=2.0,
+                                max_episode_steps=4).spec
+        assert {**ref_spec.kwargs, "vectorization_mode": "async", "vector_kwargs": {"num_workers": 0}} \
+            == envs.spec.kwargs
+    again = shmvec.make(envs.spec)
+    closing(again)
+    assert again.num_envs == 3 and again.get_attr("g") == (2.0,) * 3
+    ref = SyncVectorEnv([lambda: gym.wrappers.ClipAction(gym.make("Pendulum-v1", g=2.0, max_episode_steps=4))] * 3)
+    closing(ref)
+    run_lockstep(again, ref, steps=10)  # truncated at 4 steps, as recorded
+    assert again.spec.kwargs == envs.spec.kwargs
+
+    # make-level keys and num_envs in a registered spec's kwargs, as make_vec takes them
+    gym.register(id="KwargsCartPole-v0", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+                 kwargs={"max_episode_steps": 3, "disable_env_checker": True, "num_envs": 2})
+    try:
+        envs = shmvec.make("KwargsCartPole-v0", vector_kwargs={"num_workers": 0})
+        closing(envs)
+        ref = SyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=3)] * 2)
+        closing(ref)
+        assert envs.num_envs == 2
+        run_lockstep(envs, ref, steps=8)
+    finally:
+        del gym.registry["KwargsCartPole-v0"]
+
+    # make_vec's forms of ids: a module to import first, and an id without its version
+    envs = shmvec.make("gymnasium.envs.classic_control:CartPole-v1", 2, vector_kwargs={"num_workers": 0})
+    closing(envs)
+    assert envs.spec.id == "CartPole-v1"
+    with pytest.warns(UserWarning, match="latest version"):  # make_vec's warning, for the latest version it picks
+        envs = shmvec.make("CartPole", 2, vector_kwargs={"num_workers": 0})
+    closing(envs)
+    assert envs.spec.id == "CartPole-v1"
+    with pytest.raises(gym.error.Error, match="Invalid id type"):
+        shmvec.make(3, 2)
+
+
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_make_reaches_ids_registered_at_run_time(start_method, closing):
     """An id registered in the running program (e.g. inside the main
