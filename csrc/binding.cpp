@@ -5,14 +5,20 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <system_error>
 #include <unordered_set>
+#if defined(__GLIBCXX__)
+#include <cxxabi.h>
+#endif
 
 #include "arena.hpp"
 #include "channel.hpp"
@@ -207,9 +213,58 @@ void step_async_row(const AsyncRegion& region, Stepper& stepper, uint32_t row, p
   }
 }
 
+// Python runs signal handlers, and so raises their exceptions
+// (KeyboardInterrupt), in its main thread only. The thread that is main in
+// a fork child is the one that forked.
+std::atomic<unsigned long> g_main_thread{0};
+
+bool in_main_thread() { return PyThread_get_thread_ident() == g_main_thread.load(std::memory_order_relaxed); }
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// Takes the GIL back after a wait without it. Up to Python 3.13, CPython
+// ends a thread that takes the GIL back while the interpreter finalizes (a
+// daemon thread mid-step at exit) with pthread_exit, whose unwinding calls
+// std::terminate() at the first noexcept frame, such as pybind11's
+// gil_scoped_release destructor: the whole program aborted, its exit status
+// lost. So this is no destructor, and such a thread waits for the process
+// to end instead, as daemon threads do from 3.14 on. (The main thread is
+// the one that finalizes: it goes on.)
+void take_gil_back(PyThreadState* tstate) {
+  if (interpreter_finalizing() && !in_main_thread())
+    for (;;) pause();
+  PyEval_RestoreThread(tstate);
+}
+
+// wait() with the GIL released; the GIL is taken back as it returns or throws.
+template <class Wait>
+auto without_gil(Wait&& wait) -> decltype(wait()) {
+  PyThreadState* tstate = PyEval_SaveThread();
+  try {
+    auto result = wait();
+    take_gil_back(tstate);
+    return result;
+#if defined(__GLIBCXX__)
+  } catch (abi::__forced_unwind&) {  // pthread_exit (finalization began as the GIL was taken back): ending
+    throw;
+#endif
+  } catch (...) {
+    take_gil_back(tstate);
+    throw;
+  }
+}
+
 // Called between sleeps with the GIL released: runs Python's signal handlers
-// (which may raise KeyboardInterrupt) and says whether one raised.
+// (which may raise KeyboardInterrupt) and says whether one raised. Other
+// threads have none to run, and need not take the GIL for it.
 bool signal_pending() {
+  if (!in_main_thread()) return false;
   py::gil_scoped_acquire gil;
   return PyErr_CheckSignals() != 0;
 }
@@ -280,12 +335,7 @@ class PyFrontChannel {
   }
   void post_step_all() { channel_.post(all_, kStepCommand, 0, {}); }
   int wait(const std::vector<int>& sentinels, double timeout_s) {
-    int status;
-    {
-      py::gil_scoped_release nogil;
-      status = channel_.wait(sentinels, timeout_s, signal_pending);
-    }
-    return checked(status);
+    return checked(without_gil([&] { return channel_.wait(sentinels, timeout_s, signal_pending); }));
   }
   bool busy() const { return channel_.busy(); }
   uint32_t posted_id() const { return channel_.posted_id(); }
@@ -409,12 +459,8 @@ class PyFrontChannel {
     // Already there (the usual case when the workers keep ahead): no wait, so
     // the GIL is kept; letting it go and taking it back costs more than this.
     if (channel_.async_region().base && channel_.finished_ready() >= count) return kReady;
-    int status;
-    {
-      py::gil_scoped_release nogil;
-      status = channel_.wait_finished(count, sentinels, timeout_s, signal_pending);
-    }
-    return checked(status);
+    return checked(
+        without_gil([&] { return channel_.wait_finished(count, sentinels, timeout_s, signal_pending); }));
   }
   std::vector<std::pair<uint32_t, uint32_t>> async_progress() const { return channel_.async_progress(); }
   void reset_async_worker(uint32_t w) { channel_.reset_async_worker(w); }
@@ -500,12 +546,7 @@ class PyWorkerChannel {
     for (;;) {
       if (channel_.has_async()) step_async(stepper, dumps, encode_error, overflow);
       if (!channel_.take_command()) {  // nothing new, or the ring was for async work only
-        bool alive;
-        {
-          py::gil_scoped_release nogil;
-          alive = channel_.wait_doorbell();
-        }
-        if (!alive) return py::make_tuple(0, 0, 0, py::none());
+        if (!without_gil([&] { return channel_.wait_doorbell(); })) return py::make_tuple(0, 0, 0, py::none());
         continue;
       }
       const auto& c = channel_.control_of().command;
@@ -527,12 +568,7 @@ class PyWorkerChannel {
  private:
   bool next_command() {
     while (!channel_.take_command()) {
-      bool alive;
-      {
-        py::gil_scoped_release nogil;
-        alive = channel_.wait_doorbell();
-      }
-      if (!alive) return false;
+      if (!without_gil([&] { return channel_.wait_doorbell(); })) return false;
     }
     return true;
   }
@@ -558,6 +594,8 @@ PYBIND11_MODULE(_core, m) {
   m.attr("STEP_COMMAND") = kStepCommand;
   // Waits longer than this on average sleep almost at once instead of spinning.
   m.attr("SPIN_CAP_NS") = AdaptiveSpin::kSpinCapNs;
+  g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  pthread_atfork(nullptr, nullptr, [] { g_main_thread = PyThread_get_thread_ident(); });
 
   m.def("create_shared_file", [](std::size_t size) {
     int fd = platform::create_shared_file(size);
@@ -595,6 +633,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("run_holding_interrupt", [](const py::function& fn, const py::args& args) {
     // A Ctrl-C that came before is raised here, fn not called; one during fn
     // waits for it to return (a second stops it: see platform::hold_interrupt).
+    // In another thread no KeyboardInterrupt can cut fn: nothing to hold
+    // (and holds of several threads would overlap, keeping it back for good).
+    if (!in_main_thread()) {
+      fn(*args);
+      return;
+    }
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     platform::hold_interrupt();
     bool released = false;
