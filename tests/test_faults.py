@@ -772,6 +772,35 @@ def test_close_in_a_signal_handler_during_a_step_makes_the_step_raise_closed(mod
     assert not wait_gone(pids)
 
 
+def _reap_children(signum, frame):
+    """A program's own SIGCHLD handler that reaps whatever child exited."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("handler", [signal.SIG_IGN, _reap_children], ids=["SIG_IGN", "reaper"])
+def test_close_where_the_program_reaps_its_children_itself(start_method, handler):
+    """With SIGCHLD ignored (the kernel reaps children) or a handler of the
+    program's reaping them, waitpid() cannot tell that a worker has ended:
+    close() raised multiprocessing's "Cannot close a process while it is
+    still running", and again at exit, where AsyncVectorEnv closes."""
+    previous = signal.signal(signal.SIGCHLD, handler)
+    try:
+        envs = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=2, caller_steps=False, start_method=start_method)
+        envs.reset(seed=0)
+        envs.step(actions_for(2))
+        pids = worker_pids(envs)
+        envs.close()
+        assert envs.closed
+        assert wait_gone(pids) == []
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
 def test_close_releases_the_arena_while_the_object_lives():
     """close() unmaps the arena, even if the (closed) vector env object is
     still referenced, e.g. by a trainer that keeps it as an attribute."""

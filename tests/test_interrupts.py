@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -68,6 +69,39 @@ def test_ctrl_c_right_after_the_workers_got_a_step_leaves_it_pending(num_workers
     engine._channel = engine._channel._channel
     with pytest.raises(AlreadyPendingCallError, match="pending call to `step`"):
         envs.step(actions_for(4))
+    assert _steps(envs.step_wait()[0]) == [1, 1, 1, 1]  # each env stepped once
+    assert _steps(envs.step(actions_for(4))[0]) == [2, 2, 2, 2]
+
+
+class Watchdog(Exception):
+    """What a program's own signal handler raises (a SIGALRM watchdog's)."""
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(2, False), (1, True)])
+def test_a_signal_handlers_exception_in_the_wait_leaves_the_step_pending(num_workers, caller_steps, tmp_path,
+                                                                         closing):
+    """Any exception a signal handler raises while the caller waits for
+    its workers leaves the step in flight, as KeyboardInterrupt does (and as
+    AsyncVectorEnv's step_wait() does): it used to end the step as if an env
+    had raised, losing the batch and asking for a reset."""
+    gate = str(tmp_path / "gate")
+    envs = shmvec.ShmVecEnv([functools.partial(FaultEnv, gate=gate)] * 4, num_workers=num_workers,
+                            caller_steps=caller_steps, start_method="fork")
+    closing(envs)
+    envs.reset(seed=0)
+
+    def watchdog(signum, frame):
+        raise Watchdog("step took too long")
+
+    previous = signal.signal(signal.SIGALRM, watchdog)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Watchdog):
+            envs.step(actions_for(4, 3, GATE))  # env 3, a worker's, waits for the gate
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    open(gate, "w").close()
     assert _steps(envs.step_wait()[0]) == [1, 1, 1, 1]  # each env stepped once
     assert _steps(envs.step(actions_for(4))[0]) == [2, 2, 2, 2]
 

@@ -219,15 +219,18 @@ class CommandRunner:
         if self.num_workers:
             try:
                 self.pool.wait(restart=True, call_timeout=timeout, call_deadline=deadline)
-            except (ShmVecTimeoutError, KeyboardInterrupt) as exc:
-                if self.cycle.phase is not BROKEN:
-                    raise  # still in flight: finish() may be called again
-                self._command = None
-                raise command.caller_error or exc
-            except Exception:
-                self._command = None
-                if command.caller_error is not None:
-                    raise command.caller_error from None
+            except BaseException as exc:
+                # A timeout, or a signal handler's exception (Ctrl-C's, a watchdog's)
+                interrupted = self.pool.take_interruption() is exc or isinstance(exc, KeyboardInterrupt)
+                if interrupted or isinstance(exc, ShmVecTimeoutError):
+                    if self.cycle.phase is not BROKEN:
+                        raise  # still in flight: finish() may be called again
+                    self._command = None
+                    raise command.caller_error or exc
+                if isinstance(exc, Exception):
+                    self._command = None
+                    if command.caller_error is not None:
+                        raise command.caller_error from None
                 raise
 
     def _collect(self, command: _Command, build: Callable[[Any], Any] | None) -> None:

@@ -10,6 +10,7 @@ the processes.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.connection
 import multiprocessing.util
 import os
 import time
@@ -81,6 +82,7 @@ class WorkerPool:
         self.closing = False
         # Workers that died or hung during the current command, with why.
         self.failed: list[tuple[int, str]] = []
+        self.interrupted_by: BaseException | None = None  # see _wait_channel()
         self.processes: list[mp.process.BaseProcess] = []
         self.sentinels: list[int] = []
         self.cpus: list[int | None] = []
@@ -155,7 +157,7 @@ class WorkerPool:
             left = max(call_deadline - time.monotonic(), 0.0)
             if limit < 0 or left < limit:
                 limit, by_call = left, True
-        code = self.channel.wait(self.sentinels, limit)
+        code = self._wait_channel(limit)
         while code != 0 and not (code < 0 and by_call) and restart and self.restart:
             if code > 0:
                 failed = [(code - 1, self.exit_cause(code - 1))]
@@ -165,10 +167,26 @@ class WorkerPool:
                 self.channel.abandon(w)
                 self.kill(w)
                 self.failed.append((w, cause))
-            code = self.channel.wait(self.sentinels, limit)
+            code = self._wait_channel(limit)
         if code < 0 and by_call:
             raise still_pending(call_timeout)
         self.check_wait(code)
+
+    def _wait_channel(self, limit: float) -> int:
+        """The native wait. What it raises is a signal handler's exception
+        (KeyboardInterrupt, or the program's own, a watchdog's): kept in
+        `interrupted_by` for the command, which stays in flight."""
+        try:
+            return self.channel.wait(self.sentinels, limit)
+        except BaseException as exc:
+            self.interrupted_by = exc
+            raise
+
+    def take_interruption(self) -> BaseException | None:
+        """The exception that interrupted the last wait, if any; forgotten
+        here (it holds the frames of its traceback)."""
+        exc, self.interrupted_by = self.interrupted_by, None
+        return exc
 
     def check_wait(self, code: int, busy: list[int] | None = None) -> None:
         """Turns a failed wait into TimeoutError or WorkerDiedError (and a
@@ -213,7 +231,7 @@ class WorkerPool:
             self.cycle.break_(why)
             raise WorkerDiedError(w, self.worker_rows[w], self.processes[w].exitcode, why)
         self.restarts += 1
-        self.processes[w].close()
+        release(self.processes[w])
         self.processes[w] = self.spawn(w)
         self.sentinels[w] = self.processes[w].sentinel
 
@@ -237,8 +255,27 @@ def shutdown(processes: list, cpus: list, fds: list[int], grace: float) -> None:
         p.join(timeout=max(0.0, deadline - time.monotonic()))
     while processes:  # one by one: cut short, it can be run again
         p = processes.pop()
-        if p.is_alive():
+        if not ended(p):
             p.kill()
             p.join(timeout=CLOSE_GRACE_S)
-        p.close()
+        release(p)
     cpus.clear()
+
+
+def ended(p: mp.process.BaseProcess) -> bool:
+    """Whether worker `p` has ended. is_alive() asks waitpid(), which cannot
+    tell where the program has SIGCHLD ignored (the kernel reaps children)
+    or reaps children in a handler of its own; then the worker's sentinel,
+    a pipe that its exit closes, does."""
+    return not p.is_alive() or bool(mp.connection.wait([p.sentinel], timeout=0))
+
+
+def release(p: mp.process.BaseProcess) -> None:
+    """Frees the process object of worker `p`, which has ended (see ended():
+    where waitpid() cannot tell, close() refuses, and there is nothing of
+    the process left to free)."""
+    try:
+        p.close()
+    except ValueError:
+        if not ended(p):
+            raise
