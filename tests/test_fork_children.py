@@ -5,6 +5,7 @@ and forked workers must not keep other engines' arenas."""
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -114,3 +115,49 @@ def test_forked_workers_keep_no_other_engines_arena(closing):
         assert second_arena in mapped
     first.close()
     second.reset()  # the second env's workers still work
+
+
+GLOBAL_RNG_SCRIPT = textwrap.dedent("""
+    import gymnasium as gym
+    import numpy as np
+    import shmvec
+
+    class GlobalRngEnv(gym.Env):
+        # Draws from numpy's global RNG, as some envs do (sb3-contrib's InvalidActionEnvDiscrete)
+        observation_space = gym.spaces.Box(0, 1, (1,), np.float64)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.array([np.random.rand()]), {}
+
+        def step(self, action):
+            return np.array([np.random.rand()]), 0.0, False, False, {}
+
+    if __name__ == "__main__":
+        envs = shmvec.ShmVecEnv([GlobalRngEnv] * 3, num_workers=3, caller_steps=False, start_method="forkserver")
+        print(envs.reset()[0][:, 0].tolist())
+        envs.close()
+        try:
+            from stable_baselines3.common.vec_env import SubprocVecEnv
+        except ImportError:
+            print(None)
+        else:  # another library's processes, from the program's one fork server
+            venv = SubprocVecEnv([GlobalRngEnv] * 3, start_method="forkserver")
+            print(venv.reset()[:, 0].tolist())
+            venv.close()
+""")
+
+
+def test_forkserver_children_draw_their_own_numpy_global_random_numbers(tmp_path):
+    """The fork server preloads numpy, so every process forked from it began
+    with its one global RNG state: envs drawing from np.random.* drew the same
+    numbers in every worker, and in other libraries' workers from the same
+    fork server (SB3's SubprocVecEnv). A fresh import seeds it from the OS,
+    as each child now does."""
+    script = tmp_path / "global_rng.py"
+    script.write_text(GLOBAL_RNG_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shm, subproc = [ast.literal_eval(line) for line in done.stdout.splitlines()[-2:]]
+    assert len(set(shm)) == 3, shm
+    assert subproc is None or len(set(subproc)) == 3, subproc
