@@ -298,11 +298,6 @@ class ShmVecEnv(VecEnv):
             return [None] * self.num_envs
         return self.env_method("render")
 
-    @property
-    def spec(self):
-        """The first env's ``EnvSpec`` (``None`` if it was not made by ``gym.make``)."""
-        return self.get_attr("spec", indices=0)[0]
-
     # -- shutdown -------------------------------------------------------------
 
     def close(self, terminate: bool = False) -> None:

@@ -650,20 +650,54 @@ def test_multibinary_takes_float_actions_as_sync_does(num_workers, caller_steps,
         assert_same(envs.step(actions), ref.step(actions), f"step {t} ({dtype.__name__})")
 
 
-def test_async_mode_casts_multibinary_floats_only_exactly(closing):
+class IntegerBoxActionEnv(ActionTypeEnv):
+    """An ActionTypeEnv over an int16 Box whose observation is its action
+    rounded, as an env over such a space would take a policy's floats."""
+
+    def __init__(self):
+        super().__init__(spaces.Box(0, 100, (2,), np.int16))
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return np.rint(obs).astype(np.int16), *rest
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (2, False)])
+def test_integer_box_takes_actions_of_any_number_dtype_as_sync_does(num_workers, caller_steps, closing):
+    """A policy samples any Box's actions as floats (SB3's PPO, SAC and A2C,
+    an integer Box's too), and SyncVectorEnv hands each env its row as it
+    is: so does shmvec, in the batch's dtype (they were refused)."""
+    envs, ref = pair(IntegerBoxActionEnv, 4, num_workers=num_workers, caller_steps=caller_steps,
+                     start_method="fork")
+    closing(envs), closing(ref)
+    assert_same(envs.reset(seed=0), ref.reset(seed=0))
+    rng = np.random.default_rng(0)
+    for t, dtype in enumerate([np.float32, np.float64, np.int64, np.uint8, np.bool_, np.float16]):
+        actions = (rng.random((4, 2)) * 100).astype(dtype)
+        assert_same(envs.step(actions), ref.step(actions), f"step {t} ({dtype.__name__})")
+
+
+@pytest.mark.parametrize("env_fn, inexact, exact", [
+    (BinaryActionEnv, np.full((2, 3), 0.5, np.float32), np.ones((2, 3), np.float32)),
+    (IntegerBoxActionEnv, np.full((2, 2), 2.5), np.full((2, 2), 3.0)),
+    (IntegerBoxActionEnv, np.full((2, 2), 2**20, np.int64), np.full((2, 2), 7, np.int64)),
+], ids=["multibinary floats", "integer box floats", "integer box int64"])
+def test_async_mode_casts_actions_of_another_kind_only_exactly(env_fn, inexact, exact, closing):
     """send() stores actions in the space's dtype: 0.0 and 1.0 cast exactly;
-    a 0.5 would silently become 0, so it is refused, and nothing is sent."""
-    envs = shmvec.ShmVecEnv([BinaryActionEnv] * 4, batch_size=2, num_workers=2, start_method="fork")
+    a 0.5 (or 2.5 for an int16 Box, or 2**20) would silently become another
+    number, so it is refused, and nothing is sent."""
+    envs = shmvec.ShmVecEnv([env_fn] * 4, batch_size=2, num_workers=2, start_method="fork")
     closing(envs)
     envs.async_reset(seed=0)
     obs, *_, infos = envs.recv()
-    with pytest.raises(ValueError, match="MultiBinary"):
-        envs.send(np.full((2, 3), 0.5, np.float32), infos["env_id"])
-    envs.send(np.ones((2, 3), np.float32), infos["env_id"])
+    with pytest.raises(ValueError, match="cannot store exactly"):
+        envs.send(inexact, infos["env_id"])
+    envs.send(exact, infos["env_id"])
     obs, *_, infos = envs.recv()
-    assert obs.dtype == np.int8
+    dtype = envs.single_action_space.dtype
+    assert obs.dtype == dtype
     seen = [s for s, ok in zip(infos.get("seen", []), infos.get("_seen", [])) if ok]
-    assert seen == [repr(("numpy.ndarray", "int8"))] * len(seen)
+    assert seen == [repr(("numpy.ndarray", str(dtype)))] * len(seen)
 
 
 LIST_ACTION_CASES = {

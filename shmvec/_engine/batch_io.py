@@ -38,34 +38,37 @@ def action_leaves(flatten: Callable[[Any], list], actions: Any) -> list:
 
 
 def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what: str,
-                       binary: bool = False) -> np.ndarray:
+                       any_number: bool = False) -> np.ndarray:
     """A fixed-shape leaf's batch as an array of `shape`, in a dtype that
-    casts to the space's `dtype` within its kind (as SyncVectorEnv's
-    ``np.stack(..., out=...)`` casts), or, for a MultiBinary leaf
-    (`binary`), in any number dtype: its contains() takes 0s and 1s of any,
-    and SB3's PPO and A2C sample its actions as float32."""
+    casts to the space's `dtype` within its kind, or, for a Box or
+    MultiBinary leaf (`any_number`), in any number dtype: policies sample
+    their actions as floats (SB3's PPO, A2C and SAC, an integer Box's and a
+    MultiBinary's too, whose contains() takes 0s and 1s of any dtype), and
+    SyncVectorEnv hands each env its row as it is. A Discrete's or
+    MultiDiscrete's floats are refused: their contains() refuses them."""
     array = value if type(value) is np.ndarray else np.asarray(value)
     if array.ndim == 0:  # as SyncVectorEnv, which cannot iterate over it
         raise TypeError(f"{what} must be a batch of shape {shape} ({shape[0]} envs), got the scalar {value!r}")
     if array.shape != shape:
         raise ValueError(f"{what} must have shape {shape} ({shape[0]} envs), got {array.shape}")
     if array.dtype != dtype and not np.can_cast(array.dtype, dtype, "same_kind") \
-            and not (binary and array.dtype.kind in "biuf"):
-        raise TypeError(
-            f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
-            f"{dtype} (only casts within the same kind are allowed)"
-        )
+            and not (any_number and action_dtype_code(array.dtype) is not None):
+        allowed = "numbers of up to 8 bytes" if any_number else "only casts within the same kind"
+        raise TypeError(f"{what} of dtype {array.dtype} cannot be used for an action space of dtype "
+                        f"{dtype} ({allowed} are allowed)")
     return array
 
 
 def cast_leaf_batch(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
     """A checked leaf batch in the space's `dtype`, as async mode stores it.
-    A MultiBinary's float batch must cast exactly (0s and 1s): async mode
-    hands the envs integers, so 0.5 would silently become 0."""
+    For a space of integers or bools it must cast exactly (a MultiBinary's
+    0.0s and 1.0s, an integer Box's whole floats, ints in range): async mode
+    hands the envs the space's dtype, so 0.5 would silently become 0, and
+    2**20 as int16 0. (Floats round to a float space's precision.)"""
     cast = array.astype(dtype, copy=False)
-    if array.dtype.kind == "f" and dtype.kind != "f" and not np.array_equal(cast, array):
+    if dtype.kind != "f" and cast is not array and not np.array_equal(cast, array):
         raise ValueError(f"{what} of dtype {array.dtype} hold values that {dtype} cannot store exactly: "
-                         "a MultiBinary action is 0 or 1")
+                         "async mode hands the envs actions in the action space's dtype")
     return cast
 
 
@@ -136,7 +139,7 @@ class BatchIO:
         self._action_dtype_views = views["action_views"]
         self._action_codes = views["action_dtypes"]
         self._action_space_codes = engine.layout.action_space_codes
-        self._binary_actions = [leaf.binary for leaf in engine.layout.action_leaves]
+        self._any_number_actions = [leaf.any_number for leaf in engine.layout.action_leaves]
         # Per leaf, the dtype object of the last batch and its code: a batch
         # of the same dtype object (the usual case) needs no lookup.
         self._last_dtype: list = [None] * len(self.action_views)
@@ -208,7 +211,7 @@ class BatchIO:
             array = value
             if type(array) is not np.ndarray or array.shape != shape or array.dtype != view.dtype:
                 what = "actions" if self._single_action else f"action leaf {k}"
-                array = cast_leaf_batch(checked_leaf_batch(value, shape, view.dtype, what, self._binary_actions[k]),
+                array = cast_leaf_batch(checked_leaf_batch(value, shape, view.dtype, what, self._any_number_actions[k]),
                                         view.dtype, what)
             rows.append(np.ascontiguousarray(array))
         return rows
@@ -224,7 +227,7 @@ class BatchIO:
         # An array of the leaf's shape and dtype needs no check: the usual
         # batch costs no call here (this is every step's path).
         if type(array) is not np.ndarray or array.shape != view.shape or array.dtype != view.dtype:
-            array = checked_leaf_batch(value, view.shape, view.dtype, what, self._binary_actions[k])
+            array = checked_leaf_batch(value, view.shape, view.dtype, what, self._any_number_actions[k])
         codes = self._action_codes
         dtype = array.dtype
         if dtype is self._last_dtype[k]:

@@ -63,9 +63,9 @@ class Leaf:
     dtype: np.dtype | None
     zero_dim_array: bool = False  # a Box of shape (): its values are 0-d arrays, not scalars
     space: spaces.Space | None = None  # of a leaf without a fixed shape: batched as Gymnasium batches it
-    # A MultiBinary's: its contains() takes 0s and 1s of any number dtype, and
-    # SB3's PPO and A2C sample its actions as float32 (see checked_leaf_batch).
-    binary: bool = False
+    # A Box's or a MultiBinary's: as actions, a batch of any number dtype is
+    # taken (policies sample them as floats: see checked_leaf_batch).
+    any_number: bool = False
 
     @property
     def fixed(self) -> bool:
@@ -84,7 +84,7 @@ def leaves_of(space: spaces.Space, path: tuple[Any, ...] = ()) -> list[Leaf]:
     if isinstance(space, FIXED_SPACES):
         zero_dim = isinstance(space, spaces.Box) and space.shape == ()
         return [Leaf(path, tuple(space.shape), np.dtype(space.dtype), zero_dim,
-                     binary=isinstance(space, spaces.MultiBinary))]
+                     any_number=isinstance(space, (spaces.Box, spaces.MultiBinary)))]
     return [Leaf(path, None, None, space=space)]
 
 

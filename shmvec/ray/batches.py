@@ -45,7 +45,7 @@ class LeafBatches:
         out = []
         for leaf, name, value in zip(self.leaves, self._names, action_leaves(self.flatten, actions)):
             if leaf.fixed:
-                checked = checked_leaf_batch(value, (count, *leaf.shape), leaf.dtype, name, leaf.binary)
+                checked = checked_leaf_batch(value, (count, *leaf.shape), leaf.dtype, name, leaf.any_number)
                 # A list of Python scalars (or of lists of them), or of items
                 # no array gives back, travels as one, so that the actor's envs
                 # get them too (see ACTION_AS_PYTHON and ACTION_AS_GIVEN).
