@@ -309,6 +309,9 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             self._cycle.reset_done()
         else:
             self._autoreset_envs[mask] = False
+            left_out = [row for row in self._engine.restarted_rows if not mask[row]]
+            if left_out:  # restarted meanwhile, not reset: their next step reports it, at what the caller saw
+                self._io.restore(left_out)
         infos = vectorize(self, self._io, records)  # first: it stores observation leaves without a fixed shape
         if self._restarts:
             self._io.remember()
@@ -444,7 +447,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
                             "to complete.")
                 if not terminate and engine.in_flight:
                     try:
-                        engine.finish(CLOSE_GRACE_S if timeout is None else timeout)  # bounded, even if an env hangs
+                        engine.abandon(CLOSE_GRACE_S if timeout is None else timeout)  # bounded, even if an env hangs
                     except ShmVecTimeoutError:
                         terminate = True
                     except Exception:

@@ -143,6 +143,24 @@ def test_close_with_a_pending_call_warns_and_closes(closing):
     assert envs.closed
 
 
+@pytest.mark.parametrize("row", [0, 3], ids=["the caller's env", "a worker's env"])
+def test_close_with_a_pending_step_is_bounded_when_an_env_of_it_hangs(row, tmp_path, closing):
+    """close() waits for a pending call at most `timeout` seconds. The
+    caller's own slice of a pending step runs in the call that collects it,
+    and nobody collects it at close(): it used to run there, so an env of
+    it that hangs held close() for as long (for good, if it never returns)."""
+    gate = str(tmp_path / "gate")  # never made: env `row` waits its 60 s
+    envs = fault_envs(gate=gate, num_workers=1, caller_steps=True)
+    closing(envs)
+    envs.reset()
+    envs.step_async(actions_for(4, row, GATE))
+    started = time.monotonic()
+    with pytest.warns(UserWarning, match="Calling `close` while waiting"):
+        envs.close(timeout=0.5)
+    assert envs.closed
+    assert time.monotonic() - started < 20
+
+
 # -- AsyncVectorEnv's constructor keywords --------------------------------------------
 
 

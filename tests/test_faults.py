@@ -739,6 +739,27 @@ def test_close_raises_an_env_close_error_from_any_worker(tmp_path, failing_row):
     assert not wait_gone(pids)
 
 
+def test_close_raises_the_first_envs_close_error_the_callers_own_included(tmp_path):
+    """Envs of the caller's own slice and of a worker raise in close():
+    close() raises the first env's error, as errors go elsewhere (the
+    caller's envs come first), naming it; the worker's was raised, and the
+    caller's, named nowhere, dropped."""
+    markers = [str(tmp_path / f"closed-{row}") for row in range(4)]
+    fns = [functools.partial(CloseRecorder, markers[row], fail_close=row in (0, 3)) for row in range(4)]
+    envs = shmvec.ShmVecEnv(fns, num_workers=1, caller_steps=True, start_method="fork")
+    assert list(envs._engine._caller.rows) == [0, 1]
+    pids = worker_pids(envs)
+    envs.reset(seed=0)
+    with pytest.raises(Boom, match="close failed") as info:
+        envs.close()
+    assert not isinstance(info.value.__cause__, RemoteTraceback)  # the caller's own, with its traceback
+    if sys.version_info >= (3, 11):
+        assert "(in shmvec env 0)" in "".join(traceback.format_exception(info.value))
+    assert [os.path.exists(m) for m in markers] == [False, True, True, False]
+    assert envs.closed
+    assert not wait_gone(pids)
+
+
 @pytest.mark.parametrize("mode", ["lock-step", "async"])
 def test_close_in_a_signal_handler_during_a_step_makes_the_step_raise_closed(mode):
     """close() from a signal handler (a SIGTERM handler's graceful shutdown)

@@ -11,9 +11,10 @@ import time
 
 import numpy as np
 import pytest
-from fault_envs import HANG, KILL, Boom, FailsOnceMarked, FaultEnv
+from fault_envs import HANG, KILL, RAISE, Boom, FailsOnceMarked, FaultEnv, actions_for
 from gymnasium.vector import SyncVectorEnv
-from helpers import FINAL_OBS, MODES, SAME_STEP, assert_same, autoreset_kwargs, mode_id, sync_pair
+from helpers import (FINAL_OBS, MODES, SAME_STEP, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes,
+                     sync_pair)
 
 import shmvec
 from shmvec._gym_compat import AutoresetMode
@@ -133,6 +134,68 @@ def test_restart_budget_turns_a_crash_loop_into_an_error():
         assert "SIGKILL" in str(info.value)
         with pytest.raises(shmvec.ShmVecError):
             envs.step(np.zeros(2, dtype=np.int64))
+    finally:
+        envs.close()
+
+
+def test_an_env_error_and_a_death_in_one_step_spend_one_restart():
+    """Env 0 (worker 0) raises while worker 1 dies, in one step: the env
+    error is raised, and worker 1 is replaced once. It was left dead,
+    counted again by the next wait and replaced twice (the first reset()
+    after raised multiprocessing's ValueError), and with max_restarts=1
+    that one death would have spent the budget."""
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method="fork",
+                            restart_failed_workers=True, max_restarts=1)
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(Boom):
+            envs.step(actions_for(4, 0, RAISE) + actions_for(4, 3, KILL))
+        assert envs._engine.restarts == 1
+        obs, _ = envs.reset(seed=2)
+        assert obs[:, 0].tolist() == [0, 0, 0, 0]
+        assert envs._engine.restarts == 1
+        assert envs.step(actions_for(4))[0][:, 0].tolist() == [1, 1, 1, 1]
+    finally:
+        envs.close()
+
+
+class DiesAtReset(FaultEnv):
+    """A FaultEnv whose reset(options={"die": True}) kills its process."""
+
+    def reset(self, *, seed=None, options=None):
+        if options and options.get("die"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().reset(seed=seed, options=options)
+
+
+@needs_autoreset_modes("options['reset_mask']")
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED], ids=mode_id)
+def test_a_death_in_a_masked_reset_reports_the_envs_it_left_out_at_their_next_step(mode):
+    """Worker 1 (envs 2 and 3) dies as env 2 resets, with env 3 left out of
+    the mask: env 2 is reset again, and env 3, whose episode the death cut
+    short, keeps the observation the caller saw and reports its restart at
+    its next step, as after a death in a step. It was reset silently, mid-
+    episode, and a learner would have bootstrapped across the cut."""
+    envs = shmvec.ShmVecEnv([DiesAtReset] * 4, num_workers=2, caller_steps=False, start_method="fork",
+                            restart_failed_workers=True, autoreset_mode=mode)
+    try:
+        envs.reset(seed=0)
+        for _ in range(3):
+            seen = envs.step(actions_for(4))[0]
+        mask = np.array([False, False, True, False])
+        obs, infos = envs.reset(options={"reset_mask": mask, "die": True})
+        assert envs._engine.restarts == 1
+        assert obs[:, 0].tolist() == [3, 3, 0, 3]
+        assert_same(obs[3], seen[3])
+        obs, rewards, terms, truncs, infos = envs.step(actions_for(4))
+        assert obs[:, 0].tolist() == [4, 4, 1, 3]
+        assert truncs.tolist() == [False, False, False, True] and not terms.any() and rewards[3] == 0
+        assert infos["_shmvec_restarted"].tolist() == [False, False, False, True]
+        if mode is AutoresetMode.DISABLED:
+            with pytest.raises(RuntimeError, match="reset"):
+                envs.step(actions_for(4))
+            envs.reset(options={"reset_mask": truncs})
+        assert envs.step(actions_for(4))[0][:, 0].tolist() == [5, 5, 2, 0 if mode is AutoresetMode.NEXT_STEP else 1]
     finally:
         envs.close()
 

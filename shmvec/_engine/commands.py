@@ -194,6 +194,15 @@ class CommandRunner:
             self._torch_threads.judge.step_returns()
         return command.result
 
+    def abandon(self, timeout: float) -> None:
+        """Ends the command in flight for close(), which nobody will collect:
+        waits for its workers' part at most `timeout` seconds (then
+        ShmVecTimeoutError), or raises what the wait for them raises. The
+        caller's own slice is not run for it: an env of it may hang."""
+        command, self._command = self._command, None
+        if command is not None and not command.collected and self.num_workers:
+            self.pool.wait(call_timeout=timeout, call_deadline=time.monotonic() + timeout)
+
     def unreturned_step(self) -> Any:
         """The results of a step that finish() completed but that Ctrl-C
         stopped on its way back to the caller (see finish()), or None."""
@@ -285,17 +294,23 @@ class CommandRunner:
                                           else range(self.num_workers))
         failed = sorted({w for w, _ in self.pool.failed})
         workers = self._channel.workers_with_replies() if command.plain_step else range(self.num_workers)
+        # Replaced first: an env error in the others' replies must not leave
+        # them dead, for the next wait to count again.
+        self.restart_failed()
         replies = self.transport.replies([w for w in workers if w not in failed])
-        if failed:
-            self.restart_failed()
-            if command.code == P.STEP:  # their next step is their restart report: take it now
-                replies += self.transport.request(P.STEP, None, failed)
-            elif command.code == P.RESET:  # reset them, as asked (without seeds)
-                reset = [cloudpickle.dumps(([None] * len(self.worker_rows[w]), None, None)) for w in failed]
-                replies += self.transport.request(P.RESET, reset, failed)
-            else:  # their results are lost, not replaced
-                raise ShmVecError(f"shmvec workers {failed} failed during this call and were "
-                                  "restarted (their next step reports it); call again")
+        if command.code == P.STEP:  # their next step is their restart report: take it now
+            replies += self.transport.request(P.STEP, None, failed)
+        elif command.code == P.RESET:
+            # Reset again, without the seeds and options (a reset that killed
+            # its worker would do it again); envs the mask left out lost their
+            # episodes: their next step reports the restart.
+            mask = self._reset_mask
+            reset = [cloudpickle.dumps(([None] * len(rows), None, None if mask is None else mask[rows].copy()))
+                     for rows in (self.worker_rows[w] for w in failed)]
+            replies += self.transport.request(P.RESET, reset, failed)
+        else:  # their results are lost, not replaced
+            raise ShmVecError(f"shmvec workers {failed} failed during this call and were "
+                              "restarted (their next step reports it); call again")
         return replies
 
     # -- the operations front ends use ------------------------------------
@@ -346,6 +361,7 @@ class CommandRunner:
             )
 
         requests = [cloudpickle.dumps(part(rows)) for rows in self.worker_rows]
+        self._reset_mask = mask  # for workers that die in it (see _worker_replies)
         self.begin(P.RESET, lambda s: s.reset(*part(s.rows)), requests, collect=self._records)
 
     def reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> list[StepRecord]:

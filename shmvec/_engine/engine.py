@@ -136,6 +136,7 @@ class Engine(CommandRunner):
         self.pool = WorkerPool(self.cycle, slices, start_method, timeout_s, bool(restart_failed_workers),
                                int(max_restarts), bool(daemon))
         self._placement = WorkerPlacement(self.pool, follows) if watched else None
+        self._reset_mask: np.ndarray | None = None  # the last reset's
         self.restarted_rows: list[int] = []  # envs restarted by the last command (or recv)
         self._command: _Command | None = None  # begun, results not yet collected
         # The command finish() completed last, until the front end's call
@@ -332,7 +333,9 @@ class Engine(CommandRunner):
             try:
                 self._caller.close()
             except Exception as exc:
-                errors.append(exc)
+                if hasattr(exc, "add_note"):  # (3.11+) a worker's names its env in its traceback
+                    exc.add_note(f"(in shmvec env {self._caller.failed_row})")
+                errors.insert(0, exc)  # the caller's envs come first
             self._caller = None
         self._release_torch_threads()
         self.pool.shutdown(CLOSE_GRACE_S if graceful else 0.0)
