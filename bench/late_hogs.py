@@ -132,6 +132,8 @@ def main() -> None:
         print(json.dumps(run_once(args.one, args.num_envs, args.hogs, args.quiet, args.busy, args.after)))
         return
     backends = args.backends.split(",")
+    if not backends or set(backends) - {"shmvec", "sync"}:
+        parser.error(f"--backends takes shmvec and/or sync, got {args.backends!r}")
     means: dict[str, dict[str, list[float]]] = {b: {"busy": [], "after": []} for b in backends}
     for run in range(args.runs):
         for backend in backends:

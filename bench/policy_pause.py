@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--num-envs", type=int, default=128)
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--device", default="cuda", help="the torch device of the mlp variants (default cuda)")
+    parser.add_argument("--device", default="cpu", help="the torch device of the mlp variants (default cpu)")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--no-pin-workers", dest="pin_workers", action="store_false")
     args = parser.parse_args()

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -256,13 +257,78 @@ def test_a_performance_warning_is_one_note_not_one_per_measurement(tmp_path, cap
     (["shmvec.testing:NoSuchEnv"], "shmvec.testing has no callable 'NoSuchEnv' and registers no env id"),
     (["shmvec_no_such_module:Env"], "cannot import 'shmvec_no_such_module'"),
     (["--num-envs", "8,x"], "expected positive integers separated by commas"),
-    (["--seconds", "0"], "must be positive"),
+    (["--seconds", "0"], "expected a positive number of seconds, got '0'"),
+    (["--seconds", "inf"], "expected a positive number of seconds, got 'inf'"),  # it ran for good
+    (["--seconds", "abc"], "expected a positive number of seconds, got 'abc'"),  # "invalid _positive value"
+    (["--workers", "abc"], "expected an integer of 0 or more, got 'abc'"),
+    (["--passes", "1.5"], "expected an integer of 1 or more, got '1.5'"),
 ])
 def test_bad_arguments_are_clear_errors(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench(*args)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "name", "message"), [
+    ("--json", "no/such/folder/out.json", "no folder"),
+    ("--plot", "no/such/folder/out.png", "no folder"),
+    ("--plot", "out.txt", "not 'txt'"),
+])
+def test_outputs_that_cannot_be_written_are_refused_before_measuring(flag, name, message, tmp_path, capsys,
+                                                                     monkeypatch):
+    """They failed after the whole run, its figures lost (a bad --json took
+    the plot with it)."""
+    if flag == "--plot":
+        pytest.importorskip("matplotlib")
+    from shmvec.bench import passes
+
+    monkeypatch.setattr(passes, "measure_all", lambda *args: pytest.fail("measured"))
+    assert bench("shmvec.testing:NoopEnv", flag, str(tmp_path / name), *FAST) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_count_named_twice_is_one_row(tmp_path):
+    out = tmp_path / "out.json"
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "2,2", "--backends", "sync", "--json", str(out),
+                 *FAST) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [row["num_envs"] for row in rows] == [2]
+    assert len(rows[0]["passes"]) == 1
+
+
+def test_async_batch_without_its_row_says_so(capsys):
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "4", "--backends", "sync", "--async-batch", "2",
+                 *FAST) == 0
+    assert "--async-batch measures the row shmvec-async, which --backends does not name" in capsys.readouterr().err
+
+
+def test_a_measuring_process_ends_with_the_bench(tmp_path):
+    """A SIGKILLed bench takes its measuring processes with it, and so the
+    hogs they started (--busy-late): those spun on for the measurement's
+    length, and its report met a closed pipe."""
+    script = tmp_path / "bench_then_die.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "from shmvec.bench import measure\n"
+        "process = measure.FreshProcess()\n"
+        "process.send(time.sleep, 60)\n"
+        "print(process._process.pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    pid = int(done.stdout.split()[0])
+
+    def running() -> bool:  # (a zombie has ended: whoever adopted it reaps it, or not)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and running():
+        time.sleep(0.05)
+    assert not running()
 
 
 def test_passes_give_medians_with_min_and_max(tmp_path):

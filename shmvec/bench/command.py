@@ -8,6 +8,8 @@ and each one's peak memory is its own. Usage: ``shmvec bench --help``.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
 from shmvec._engine.system import usable_cpus
@@ -43,7 +45,7 @@ def _num_envs(text: str) -> list[int]:
         counts = []
     if not counts or min(counts) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
-    return counts
+    return list(dict.fromkeys(counts))  # a count named twice is one row, not two passes of it
 
 
 def _backends(text: str) -> list[str]:
@@ -56,24 +58,50 @@ def _backends(text: str) -> list[str]:
 
 
 def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _int_from(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected an integer of {least} or more, got {text!r}")
     return value
 
 
 def _workers(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
-    return value
+    return _int_from(text, 0)
 
 
 def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text!r}")
-    return value
+    return _int_from(text, 1)
+
+
+def _output_problem(path: str | None, what: str) -> str | None:
+    """Why `path` cannot be written, found before minutes of measuring, or None."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        return f"{what} {path!r}: no folder {folder!r} to write it in"
+    if what == "--plot":
+        try:
+            import matplotlib.figure
+        except ImportError:
+            return None  # a note at the end says so
+        extension = os.path.splitext(path)[1].lstrip(".").lower()
+        formats = matplotlib.figure.Figure().canvas.get_supported_filetypes()
+        if extension not in formats:
+            return f"--plot {path!r}: matplotlib writes {', '.join(sorted(formats))}, not {extension!r}"
+    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,8 +174,14 @@ def run(args: argparse.Namespace) -> int:
     if (args.busy_apart or args.busy_late) and not args.busy:
         print("error: --busy-apart and --busy-late need --busy N", file=sys.stderr)
         return 2
+    for problem in (_output_problem(args.json, "--json"), _output_problem(args.plot, "--plot")):
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     if args.backends is None:
         args.backends = default_backends(args.async_batch)
+    elif args.async_batch and "shmvec-async" not in args.backends:
+        print("note: --async-batch measures the row shmvec-async, which --backends does not name", file=sys.stderr)
     cpus = usable_cpus()
     specs, jobs, notes = passes.plan(specs, args)
     limit_runs, measured = passes.measure_all(specs, jobs, args, notes)

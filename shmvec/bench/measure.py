@@ -7,6 +7,7 @@ of a process tree (read from /proc, so Linux only)."""
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import signal
@@ -360,18 +361,34 @@ def tree_memory(pid: int | None = None) -> dict[str, float]:
     }
 
 
-def _serve(conn) -> None:
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> None:
+    """Ends this process when the bench process ends, killed included: a
+    measurement would otherwise run on (for as long as its hogs spin, with
+    --busy-late), and report into a closed pipe."""
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it ended before the prctl
+        os._exit(1)
+
+
+def _serve(conn, parent: int) -> None:
+    _die_with(parent)
     try:
         while True:
             try:
                 fn, args = conn.recv()
-            except EOFError:  # the caller is done, or gone
+            except (EOFError, ConnectionResetError):  # the caller is done, or gone
                 return
             try:
                 reply = (True, fn(*args))
             except Exception:
                 reply = (False, traceback.format_exc())
-            conn.send(reply)
+            try:
+                conn.send(reply)
+            except (BrokenPipeError, ConnectionResetError):  # the caller stopped (Ctrl-C, an error) and went
+                return
     except KeyboardInterrupt:  # Ctrl-C reaches us too; the caller reports it
         return
 
@@ -385,7 +402,7 @@ class FreshProcess:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         # Not a daemon: the vector envs it measures start processes of their own.
-        self._process = ctx.Process(target=_serve, args=(child,), name="shmvec-bench")
+        self._process = ctx.Process(target=_serve, args=(child, os.getpid()), name="shmvec-bench")
         self._process.start()
         child.close()
 

@@ -90,7 +90,8 @@ def _k(value: float) -> str:
 
 
 def table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, cpus: int) -> str:
-    header = f"{'backend':<14}{'envs':>6}{'steps/s':>10}{'min-max':>16}{'x Sync':>8}{'limit':>9}" \
+    width = max([14] + [len(r["backend"]) + 1 for r in rows])  # (shmvec-unpinned is 15 wide)
+    header = f"{'backend':<{width}}{'envs':>6}{'steps/s':>10}{'min-max':>16}{'x Sync':>8}{'limit':>9}" \
              f"{'of limit':>10}{'peak RSS MiB':>14}"
     lines = []
     for spec, limit in limits.items():
@@ -103,7 +104,7 @@ def table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, c
             vs_sync = f"{r['vs_sync']:.2f}" if r["vs_sync"] else "-"
             spread = f"{_k(r['min'])}-{_k(r['max'])}"
             memory = "-" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:,.0f}"
-            lines.append(f"{r['backend']:<14}{r['num_envs']:>6}{_k(r['steps_per_s']):>10}{spread:>16}{vs_sync:>8}"
+            lines.append(f"{r['backend']:<{width}}{r['num_envs']:>6}{_k(r['steps_per_s']):>10}{spread:>16}{vs_sync:>8}"
                          f"{_k(r['limit']):>9}{r['of_limit']:>10.2f}{memory:>14}")
     lines += [
         "",
