@@ -476,6 +476,8 @@ def test_mlp_policy_acts_in_box_and_discrete_spaces():
     actions = measure.mlp_policy(spaces.Box(0, 255, (2, 4, 4), np.uint8), spaces.Discrete(3))(
         np.zeros((5, 2, 4, 4), np.uint8))
     assert actions.shape == (5,) and set(actions) <= {0, 1, 2}
+    with pytest.raises(ValueError, match="needs a Box observation space"):  # (Blackjack's: a TypeError deep in it)
+        measure.mlp_policy(spaces.Tuple((spaces.Discrete(3), spaces.Discrete(2))), spaces.Discrete(2))
 
 
 def hide_package(monkeypatch, package: str) -> None:

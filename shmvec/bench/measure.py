@@ -136,6 +136,8 @@ def mlp_policy(observation_space, action_space, hidden: int = 64, device: str = 
 
     from gymnasium import spaces
 
+    if not isinstance(observation_space, spaces.Box):
+        raise ValueError(f"--policy mlp needs a Box observation space, got {observation_space}")
     size = int(np.prod(observation_space.shape))
     if isinstance(action_space, spaces.Discrete):
         outputs = int(action_space.n)

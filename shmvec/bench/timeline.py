@@ -235,6 +235,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="then time the caller's own envs step by step (each wrapped in a timer), in the "
                              "vector env and in a plain loop, --batches times each")
     args = parser.parse_args(argv)
+    try:
+        env_factory(args.env, args.atari)  # a clear error for an id it cannot make, not a traceback
+    except ValueError as exc:
+        parser.error(str(exc))
     plain_us = 1e6 / single_env_rate(args.env, args.plain_seconds, args.atari) if args.plain_seconds > 0 else None
     times, layout, shares = timeline(args.env, args.num_envs, args.batches, args.workers, args.atari)
     spread = (share_spread(args.env, shares, args.spread_batches, args.atari)
