@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("--policy", choices=["mlp"], default=None,
                         help="the bench's torch MLP picks the actions, on the CPU at torch's default threads")
     args = parser.parse_args()
+    if not 0 < args.batch_size < args.num_envs:
+        parser.error(f"--batch-size must be under --num-envs ({args.num_envs}) for async mode, got {args.batch_size}")
 
     import shmvec
 

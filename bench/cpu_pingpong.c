@@ -27,8 +27,8 @@ static int pin(int cpu) {
 }
 
 static void* partner(void* cpu) {
-  if (pin(*(int*)cpu) != 0) {
-    perror("pin");
+  if (pin(*(int*)cpu) != 0) {  /* (an error number returned, not set in errno) */
+    fprintf(stderr, "cannot run on CPU %d\n", *(int*)cpu);
     exit(1);
   }
   for (int i = 0; i < ROUND_TRIPS; i++) {
@@ -40,6 +40,10 @@ static void* partner(void* cpu) {
 }
 
 int main(int argc, char** argv) {
+  if (argc != 1 && argc != 3) {
+    fprintf(stderr, "usage: %s [CPU_A CPU_B]\n", argv[0]);
+    return 2;
+  }
   int a = argc > 2 ? atoi(argv[1]) : 0, b = argc > 2 ? atoi(argv[2]) : 1;
   if (pin(a) != 0) {
     fprintf(stderr, "cannot run on CPU %d\n", a);

@@ -323,6 +323,8 @@ def test_hung_env_times_out_and_close_terminate_is_prompt(layout, closing):
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out"):
         envs.step(actions_for(4))
+    with pytest.raises(RuntimeError, match="timed out"):  # (a *_wait said NoAsyncCallError)
+        envs.step_wait()
     assert time.monotonic() - start < 1
     start = time.monotonic()
     envs.close(terminate=True)

@@ -131,7 +131,7 @@ def test_restart_budget_turns_a_crash_loop_into_an_error():
         kill_worker(envs, 0)
         with pytest.raises(shmvec.WorkerDiedError, match="max_restarts=1") as info:
             envs.step(np.zeros(2, dtype=np.int64))
-        assert "SIGKILL" in str(info.value)
+        assert "SIGKILL" in str(info.value) and "(envs 1..1)" in str(info.value)  # its envs, as any death's
         with pytest.raises(shmvec.ShmVecError):
             envs.step(np.zeros(2, dtype=np.int64))
     finally:

@@ -118,8 +118,7 @@ class CommandCycle:
         as for a *_wait without its *_async)."""
         if self.phase is phase:
             return
-        if self.phase is CLOSED:
-            raise self._closed_error()
+        self.check_usable()  # closed or broken: that, not a missing *_async
         raise NoAsyncCallError(
             f"Calling `{phase.value}_wait` without any prior call to `{phase.value}_async`.", phase.value)
 

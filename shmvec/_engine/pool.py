@@ -226,7 +226,7 @@ class WorkerPool:
         for it (the engine has posted its first command); beyond the budget,
         WorkerDiedError and a broken cycle."""
         if self.restarts >= self.max_restarts:
-            why = (f"shmvec worker {w} failed ({cause}) and the restart budget "
+            why = (f"{describe_worker(w, self.worker_rows[w])} failed ({cause}) and the restart budget "
                    f"max_restarts={self.max_restarts} is spent; close this vector env")
             self.cycle.break_(why)
             raise WorkerDiedError(w, self.worker_rows[w], self.processes[w].exitcode, why)
