@@ -122,13 +122,11 @@ def test_counts_below_one_are_refused(capsys):
     for option in ("--num-envs", "--batches", "--window"):
         with pytest.raises(SystemExit):
             timeline.main([option, "0"])
-        assert f"argument {option}: must be 1 or more, got '0'" in capsys.readouterr().err
+        assert f"argument {option}: expected an integer of 1 or more, got '0'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("args", "message"), [(["NoSuchEnv-v0"], "not a registered gymnasium env id"),
-                                               (["--atari", "CartPole-v1"], "--atari takes ALE ids")])
-def test_an_env_it_cannot_make_is_a_usage_error(args, message, capsys):
+def test_an_env_it_cannot_make_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        timeline.main(args)
+        timeline.main(["NoSuchEnv-v0"])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert "not a registered gymnasium env id" in capsys.readouterr().err
