@@ -114,8 +114,9 @@ class CommandCycle:
         raise RuntimeError(self.why)  # NEEDS_RESET
 
     def check_waiting(self, phase: Phase) -> None:
-        """Raises unless `phase`'s call is the one waiting (NoAsyncCallError,
-        as for a *_wait without its *_async)."""
+        """Raises unless `phase`'s call is the one waiting: the closed or
+        broken error if the env is so, else NoAsyncCallError (as for a
+        *_wait without its *_async)."""
         if self.phase is phase:
             return
         self.check_usable()  # closed or broken: that, not a missing *_async
