@@ -16,14 +16,12 @@
 #include <memory>
 #include <system_error>
 #include <unordered_set>
-#if defined(__GLIBCXX__)
-#include <cxxabi.h>
-#endif
 
 #include "arena.hpp"
 #include "channel.hpp"
 #include "info_columns.hpp"
 #include "platform.hpp"
+#include "python_calls.hpp"
 #include "row_array.hpp"
 #include "stepper.hpp"
 
@@ -194,11 +192,11 @@ void step_async_row(const AsyncRegion& region, Stepper& stepper, uint32_t row, p
   py::object record;
   try {
     record = stepper.step_row(row);
-    if (!record.is_none()) record = dumps(record);
+    if (!record.is_none()) record = call_python(dumps, record);
   } catch (py::error_already_set& e) {
     if (pass_interrupts && e.matches(PyExc_KeyboardInterrupt)) throw;
     if (e.trace()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
-    record = encode_error(e.value(), row);
+    record = call_python(encode_error, e.value(), py::int_(row));
     slot->is_error = 1;
   }
   if (!record.is_none()) {
@@ -228,18 +226,16 @@ bool interpreter_finalizing() {
 #endif
 }
 
-// Takes the GIL back after a wait without it. Up to Python 3.13, CPython
-// ends a thread that takes the GIL back while the interpreter finalizes (a
-// daemon thread mid-step at exit) with pthread_exit, whose unwinding calls
-// std::terminate() at the first noexcept frame, such as pybind11's
-// gil_scoped_release destructor: the whole program aborted, its exit status
-// lost. So this is no destructor, and such a thread waits for the process
-// to end instead, as daemon threads do from 3.14 on. (The main thread is
-// the one that finalizes: it goes on.)
+// Takes the GIL back after a wait without it. A thread other than the main
+// one (which is the one that finalizes) that comes back while the
+// interpreter finalizes waits for the process to end (see python_calls.hpp).
+// Not a destructor: CPython's pthread_exit, unwinding through a noexcept
+// one such as pybind11's gil_scoped_release destructor, calls
+// std::terminate() (the program aborted, its exit status lost).
 void take_gil_back(PyThreadState* tstate) {
   if (interpreter_finalizing() && !in_main_thread())
     for (;;) pause();
-  PyEval_RestoreThread(tstate);
+  restore_thread(tstate);  // finalization may begin as it waits for the GIL
 }
 
 // wait() with the GIL released; the GIL is taken back as it returns or throws.
@@ -250,10 +246,6 @@ auto without_gil(Wait&& wait) -> decltype(wait()) {
     auto result = wait();
     take_gil_back(tstate);
     return result;
-#if defined(__GLIBCXX__)
-  } catch (abi::__forced_unwind&) {  // pthread_exit (finalization began as the GIL was taken back): ending
-    throw;
-#endif
   } catch (...) {
     take_gil_back(tstate);
     throw;
@@ -557,7 +549,7 @@ class PyWorkerChannel {
         channel_.complete(0, 0, 0);
         continue;
       }
-      py::bytes data = dumps(records);
+      py::bytes data = call_python(dumps, records);
       const auto len = static_cast<uint64_t>(PyBytes_GET_SIZE(data.ptr()));
       if (len > reply_capacity_) return py::make_tuple(c.code, c.arg, c.request_len, data);
       std::memcpy(reply_area_, PyBytes_AS_STRING(data.ptr()), len);
@@ -636,7 +628,7 @@ PYBIND11_MODULE(_core, m) {
     // In another thread no KeyboardInterrupt can cut fn: nothing to hold
     // (and holds of several threads would overlap, keeping it back for good).
     if (!in_main_thread()) {
-      fn(*args);
+      call_python_with(fn, args);
       return;
     }
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
@@ -649,7 +641,7 @@ PYBIND11_MODULE(_core, m) {
       }
     } release_on_throw{released};
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // came as the hold began
-    fn(*args);  // (arguments, not a closure: a closure's cells cost more than the call)
+    call_python_with(fn, args);  // (arguments, not a closure: a closure's cells cost more than the call)
     released = true;
     if (platform::release_interrupt() && PyErr_CheckSignals() != 0) throw py::error_already_set();
   }, py::arg("fn"),

@@ -1,6 +1,7 @@
 #include "stepper.hpp"
 
 #include "new_arrays.hpp"
+#include "python_calls.hpp"
 
 #include <cstring>
 #include <string>
@@ -96,7 +97,7 @@ py::object info_arrays_copied(py::handle info) {
     if (PyDict_Check(value))
       out[py::handle(key)] = info_arrays_copied(v);
     else if (py::isinstance<py::array>(v))
-      out[py::handle(key)] = v.attr("copy")();
+      out[py::handle(key)] = call_method(v, py::str("copy"));
     else
       out[py::handle(key)] = v;
   }
@@ -255,7 +256,7 @@ void Stepper::write_leaf(ArrayLeaf& leaf, py::ssize_t row, py::handle value) {
   }
   // Everything else (casts, wrong shapes, scalars of numpy types): Python
   // does what SyncVectorEnv's np.stack would, or raises naming the env.
-  write_fallback_(leaf.batch, row, value);
+  call_python(write_fallback_, leaf.batch, py::int_(row), value);
 }
 
 py::object Stepper::write_leaves(std::vector<ArrayLeaf*>& targets, py::ssize_t row,
@@ -264,7 +265,7 @@ py::object Stepper::write_leaves(std::vector<ArrayLeaf*>& targets, py::ssize_t r
     write_leaf(*targets[0], row, obs);
     return py::none();
   }
-  py::object flat = obs_flattener_(obs);
+  py::object flat = call_python(obs_flattener_, obs);
   py::list values = py::reinterpret_borrow<py::list>(flat);
   if (values.size() != targets.size()) raise_value_error("observation flattener gave the wrong number of leaves");
   py::list objects;
@@ -283,7 +284,7 @@ py::object Stepper::write_observation(py::ssize_t row, py::handle obs) {
 }
 
 py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
-  if (!action_is_single_leaf_) return action_builder_(row, objects);
+  if (!action_is_single_leaf_) return call_python(action_builder_, py::int_(row), objects);
   // The batch is stored in the dtype the caller passed it in (the front end
   // wrote the code with the actions, before posting the step).
   // kActionAsPython set: the caller passed Python scalars (or lists of them),
@@ -309,7 +310,7 @@ py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
   PyObject* item = PySequence_GetItem(leaf.batch.ptr(), row);
   if (!item) throw py::error_already_set();
   auto action = py::reinterpret_steal<py::object>(item);
-  if (as_python) return action.attr(tolist_name_)();
+  if (as_python) return call_method(action, tolist_name_);
   return action;
 }
 
@@ -430,7 +431,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
 
   if (needs_reset_[k] == kRestarted) return restart_report(k);
   if (mode_ == AutoresetMode::next_step && needs_reset_[k] == kAutoreset) {
-    py::tuple r = unpack(env.attr(reset_name_)(), 2, row, "reset");
+    py::tuple r = unpack(call_method(env, reset_name_), 2, row, "reset");
     objects = write_leaves(obs_targets_, row, r[0]);
     info = r[1];
     check_info(row, info, "reset");
@@ -440,9 +441,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
     needs_reset_[k] = kNone;
   } else {
     py::object action = build_action(row, object_actions);
-    PyObject* raw = PyObject_CallMethodOneArg(env.ptr(), step_name_.ptr(), action.ptr());
-    if (!raw) throw py::error_already_set();
-    auto result = py::reinterpret_steal<py::object>(raw);
+    py::object result = call_method(env, step_name_, action);
     py::tuple r = unpack(result, 5, row, "step");
     double reward = PyFloat_AsDouble(r[1].ptr());
     if (reward == -1.0 && PyErr_Occurred()) bad_value(row, "reward", r[1], "a number");
@@ -462,7 +461,7 @@ py::object Stepper::step_env(py::ssize_t k, py::handle object_actions) {
       // only at episode ends.
       final_obs = r[0];
       final_info = copy_final_info_arrays_ ? info_arrays_copied(info) : std::move(info);
-      py::tuple reset = unpack(env.attr(reset_name_)(), 2, row, "reset");
+      py::tuple reset = unpack(call_method(env, reset_name_), 2, row, "reset");
       objects = write_leaves(obs_targets_, row, reset[0]);
       info = reset[1];
       check_info(row, info, "reset");
@@ -491,7 +490,7 @@ py::object Stepper::restart_report(py::ssize_t k) {
   flag[restarted_key_] = true;
   py::object info = flag, final_info = py::none(), objects = py::none();
   if (mode_ == AutoresetMode::same_step) {
-    py::tuple r = unpack(envs_[k].attr(reset_name_)(), 2, row, "reset");
+    py::tuple r = unpack(call_method(envs_[k], reset_name_), 2, row, "reset");
     objects = write_leaves(obs_targets_, row, r[0]);
     info = PyDict_Check(r[1].ptr()) ? py::dict(py::reinterpret_borrow<py::dict>(r[1])) : py::dict();
     info[restarted_key_] = true;

@@ -20,11 +20,28 @@ import numpy as np
 import shmvec
 
 front, num_workers = sys.argv[1], int(sys.argv[2])
-fns = [lambda: gym.make("CartPole-v1")] * 4
-if front == "gym":
+class DictObs(gym.ObservationWrapper):  # several leaves: the native stepper calls Python to flatten them
+    def __init__(self, env):
+        super().__init__(env)
+        self.observation_space = gym.spaces.Dict(
+            {"a": env.observation_space, "b": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)})
+    def observation(self, obs):
+        return {"a": obs, "b": obs[:2]}
+
+def make():
+    env = gym.make("CartPole-v1")
+    return DictObs(env) if front == "dict" else env
+fns = [make] * 4
+if front in ("gym", "dict"):
     envs = shmvec.ShmVecEnv(fns, num_workers=num_workers, start_method="fork")
     envs.reset(seed=0)
     step = lambda: envs.step(np.zeros(4, dtype=np.int64))
+elif front == "async":
+    envs = shmvec.ShmVecEnv(fns, num_workers=num_workers, start_method="fork", batch_size=2)
+    envs.async_reset(seed=0)
+    def step():
+        infos = envs.recv()[-1]
+        envs.send(np.zeros(2, dtype=np.int64), infos["env_id"])
 else:
     import shmvec.sb3
     envs = shmvec.sb3.ShmVecEnv(fns, num_workers=num_workers, start_method="fork")
@@ -44,13 +61,16 @@ sys.exit(3)  # no close(): the interpreter finalizes with the thread mid-step
 """
 
 
-@pytest.mark.parametrize("front", ["gym", "sb3"])
+@pytest.mark.parametrize("front", ["gym", "dict", "async", "sb3"])
 @pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_exit_with_a_daemon_thread_mid_step_keeps_the_exit_status(front, num_workers, tmp_path):
-    """CPython ends a daemon thread that takes the GIL back while the
-    interpreter finalizes; a native wait's return used to be such a point,
-    inside a destructor, and std::terminate() aborted the whole program
-    (SIGABRT, its exit status lost)."""
+    """Up to Python 3.13, CPython ends a daemon thread that takes the GIL back
+    while the interpreter finalizes with pthread_exit, which unwinds the
+    native frames below. A native wait's return used to be such a point,
+    inside a destructor: std::terminate() aborted the whole program (SIGABRT).
+    An env's Python code called by the native stepper is another: the
+    unwinding freed Python objects without the GIL as the main thread's
+    garbage collector ran (SIGSEGV in most runs with the caller stepping)."""
     if front == "sb3":
         pytest.importorskip("stable_baselines3")
     script = tmp_path / "daemon_thread.py"
