@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <system_error>
+#include <string>
 #include <unordered_set>
 
 #include "arena.hpp"
@@ -129,8 +129,11 @@ void write_rows(const RowArray& ids, const py::list& views, const py::list& valu
       std::memcpy(leaf.base + id[i] * leaf.stride, leaf.src + i * leaf.bytes, leaf.bytes);
 }
 
+// Raises OSError(err, "what: strerror"), whose errno callers can tell apart
+// (EMFILE, ENOMEM); pybind11 would make a std::system_error a RuntimeError.
 [[noreturn]] void throw_errno(int err, const char* what) {
-  throw std::system_error(err, std::generic_category(), what);
+  PyErr_SetObject(PyExc_OSError, py::make_tuple(err, std::string(what) + ": " + std::strerror(err)).ptr());
+  throw py::error_already_set();
 }
 
 class Mapping;

@@ -953,6 +953,55 @@ def test_unclosed_env_dropped_releases_workers_and_fds():
     assert open_fds() == fds
 
 
+FD_LIMIT_SCRIPT = textwrap.dedent("""
+    import multiprocessing, os, resource, sys, warnings
+    import shmvec
+    from fault_envs import FaultEnv, open_fds
+
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # CPUs not reserved: runs unpinned
+    warnings.filterwarnings("ignore", category=shmvec.PerformanceWarning)
+
+    def make():
+        return shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method=sys.argv[1])
+
+    if __name__ == "__main__":
+        make().close()  # the fork server (if any) started with room to spare
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        for room in range(0, 40):  # fds open below the limit: too few for a start, then enough
+            before = open_fds()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(before) + 1 + room, hard))
+            try:
+                make().close()
+            except OSError as exc:
+                error = exc
+            else:
+                print("started with room", room)
+                break
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            left = {fd: what for fd, what in open_fds().items() if fd not in before}
+            assert not left, f"room {room}: {error!r} left {left} open"
+            assert not multiprocessing.active_children(), f"room {room}: workers left running"
+            assert "ulimit -n" in str(error), f"room {room}: {error!r}"
+        else:
+            raise AssertionError("never started")
+""")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_running_out_of_fds_while_starting_leaves_nothing_open(start_method, tmp_path):
+    """Below the fd limit a start needs, construction fails with an error that
+    says which limit, and leaves no fd and no worker behind: a worker started
+    before the next one failed used to be left out of the pool, and
+    multiprocessing leaks a pipe when the second of its pipes cannot open."""
+    script = tmp_path / "fd_limit.py"
+    script.write_text(FD_LIMIT_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), start_method], check=False, cwd=tmp_path,
+                          capture_output=True, text=True, env=script_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "started with room" in proc.stdout
+
+
 EXIT_SCRIPT = textwrap.dedent("""
     import weakref
     weakref.finalize(weakref, int)  # weakref's exit hook first: it runs after multiprocessing's

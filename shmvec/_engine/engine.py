@@ -11,7 +11,9 @@ steps the caller's slice, waits for the workers and returns the result.
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,6 +68,16 @@ def _pickled_factories(env_fns, rows: range) -> bytes:
 def _create_arena_file(fds: list[int], size: int) -> None:
     """The arena's memfd, into the pool's fds (where shutdown closes it)."""
     fds[1] = _core.create_shared_file(size)
+
+
+def out_of_fds(exc: OSError) -> OSError:
+    """The error for a start that ran out of file descriptors."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    which = "this process's" if exc.errno == errno.EMFILE else "the system's"
+    return OSError(exc.errno, f"shmvec could not start its workers: {which} open-file limit is reached "
+                              f"({exc.strerror}; this process may open {soft}); each worker holds a few "
+                              "while it starts: raise the limit (ulimit -n, or resource.setrlimit "
+                              "RLIMIT_NOFILE) or close files")
 
 
 class Engine(CommandRunner):
@@ -151,11 +163,13 @@ class Engine(CommandRunner):
                 factories = [env_fns[i] for i in caller_rows]
                 self._caller = EnvSlice(make_envs(factories, caller_rows.start), caller_rows.start)
             self._describe_and_attach(autoreset_code, reset_call, observation_mode)
-        except BaseException:
+        except BaseException as exc:
             try:
                 self.close(terminate=True)
             except Exception:  # the first error is the one to report
                 pass
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise out_of_fds(exc) from exc
             raise
 
     @property

@@ -109,7 +109,8 @@ class WorkerPool:
         if not self.num_workers:
             return
         _core.run_holding_interrupt(self._open_fds, pin_workers, leave_free, busy_cpus)
-        self.processes += [self.spawn(k) for k in range(self.num_workers)]
+        for k in range(self.num_workers):  # one by one: if one cannot start, shutdown ends those before it
+            self.processes.append(self.spawn(k))
         self.sentinels[:] = [p.sentinel for p in self.processes]
 
     def _open_fds(self, pin_workers, leave_free: int, busy_cpus: int) -> None:
@@ -139,6 +140,7 @@ class WorkerPool:
             start_method=self.start_method, cpu=self.cpus[k],
         )
         p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=self.daemon)
+        check_fds_for_a_start()
         with env_pools_held_while_forking(self.start_method):
             p.start()
         return p
@@ -260,6 +262,19 @@ def shutdown(processes: list, cpus: list, fds: list[int], grace: float) -> None:
             p.join(timeout=CLOSE_GRACE_S)
         release(p)
     cpus.clear()
+
+
+def check_fds_for_a_start() -> None:
+    """Raises OSError (EMFILE) unless the fds that starting a process opens
+    can be opened: multiprocessing's start (fork and forkserver, up to
+    Python 3.13 at least) leaks its first pipe when its second cannot."""
+    opened = []
+    try:
+        for _ in range(3):  # two pipes, and the fork server's socket
+            opened += os.pipe()
+    finally:
+        for fd in opened:
+            os.close(fd)
 
 
 def ended(p: mp.process.BaseProcess) -> bool:
