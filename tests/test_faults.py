@@ -975,6 +975,7 @@ FD_LIMIT_SCRIPT = textwrap.dedent("""
             except OSError as exc:
                 error = exc
             else:
+                assert room > 0, "started with no room to spare: the limit was never reached"
                 print("started with room", room)
                 break
             finally:
