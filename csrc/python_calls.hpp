@@ -17,7 +17,6 @@
 #include <pybind11/pybind11.h>
 #include <unistd.h>
 
-#include <utility>
 #if defined(__GLIBCXX__)
 #include <cxxabi.h>
 #endif
@@ -54,8 +53,9 @@ template <class... Args>
 py::object call_python(py::handle fn, const Args&... args) {
   // One slot before the arguments lets CPython prepend `self` without a copy.
   PyObject* argv[] = {nullptr, py::handle(args).ptr()...};
-  return checked_result(guarding_thread_exit(
-      [&] { return PyObject_Vectorcall(fn.ptr(), argv + 1, sizeof...(Args) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr); }));
+  return checked_result(guarding_thread_exit([&] {
+    return PyObject_Vectorcall(fn.ptr(), argv + 1, sizeof...(Args) | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  }));
 }
 
 // fn(*args).
