@@ -1003,6 +1003,54 @@ def test_running_out_of_fds_while_starting_leaves_nothing_open(start_method, tmp
     assert "started with room" in proc.stdout
 
 
+RESTART_FD_LIMIT_SCRIPT = textwrap.dedent("""
+    import multiprocessing, resource, sys, warnings
+    import numpy as np
+    import shmvec
+    from fault_envs import EXIT, OK, FaultEnv, open_fds
+
+    warnings.filterwarnings("ignore", category=shmvec.PerformanceWarning)
+
+    if __name__ == "__main__":
+        envs = shmvec.ShmVecEnv([FaultEnv] * 4, num_workers=2, caller_steps=False, start_method=sys.argv[1],
+                                restart_failed_workers=True)
+        envs.reset(seed=0)
+        before = open_fds()
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(before) + 1, hard))  # no fd to spare
+        try:
+            envs.step(np.array([EXIT, OK, OK, OK]))
+        except shmvec.WorkerDiedError as exc:
+            assert "could not be restarted" in str(exc) and "ulimit -n" in str(exc), exc
+        else:
+            raise AssertionError("the step went on without its worker")
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        try:
+            envs.step(np.array([OK] * 4))
+        except shmvec.ShmVecError as exc:
+            assert "close this vector env" in str(exc), exc
+        else:
+            raise AssertionError("a step ran without worker 0")
+        envs.close()
+        assert not multiprocessing.active_children(), "workers left running"
+        print("closed")
+""")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_a_restart_that_runs_out_of_fds_breaks_the_env_cleanly(start_method, tmp_path):
+    """A worker that cannot be restarted (no fd left for its start) makes
+    the step raise WorkerDiedError naming why; the env can then only be
+    closed, and closes cleanly."""
+    script = tmp_path / "restart_fd_limit.py"
+    script.write_text(RESTART_FD_LIMIT_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), start_method], check=False, cwd=tmp_path,
+                          capture_output=True, text=True, env=script_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "closed" in proc.stdout
+
+
 EXIT_SCRIPT = textwrap.dedent("""
     import weakref
     weakref.finalize(weakref, int)  # weakref's exit hook first: it runs after multiprocessing's

@@ -11,9 +11,7 @@ steps the caller's slice, waits for the workers and returns the result.
 
 from __future__ import annotations
 
-import errno
 import os
-import resource
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,7 +31,7 @@ from shmvec._engine.layout import DataLayout
 from shmvec._engine.plan import (busy_cpus_note, caller_cpus, check_observation_spaces, check_options,
                                  first_env_space, no_cpu_idle, plan_slices, split_slices, workers_follow_caller,
                                  workers_may_follow)
-from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool, live_worker_pids
+from shmvec._engine.pool import CLOSE_GRACE_S, WorkerPool, fd_limit_reached, live_worker_pids, out_of_fds
 from shmvec._engine.system import IS_LINUX, busy_threads_share_our_group, cpus_busy_elsewhere
 from shmvec._engine.torch_threads import TorchThreads
 from shmvec._engine.torch_threads import check_setting as check_torch_threads
@@ -68,16 +66,6 @@ def _pickled_factories(env_fns, rows: range) -> bytes:
 def _create_arena_file(fds: list[int], size: int) -> None:
     """The arena's memfd, into the pool's fds (where shutdown closes it)."""
     fds[1] = _core.create_shared_file(size)
-
-
-def out_of_fds(exc: OSError) -> OSError:
-    """The error for a start that ran out of file descriptors."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    which = "this process's" if exc.errno == errno.EMFILE else "the system's"
-    return OSError(exc.errno, f"shmvec could not start its workers: {which} open-file limit is reached "
-                              f"({exc.strerror}; this process may open {soft}); each worker holds a few "
-                              "while it starts: raise the limit (ulimit -n, or resource.setrlimit "
-                              "RLIMIT_NOFILE) or close files")
 
 
 class Engine(CommandRunner):
@@ -168,8 +156,8 @@ class Engine(CommandRunner):
                 self.close(terminate=True)
             except Exception:  # the first error is the one to report
                 pass
-            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-                raise out_of_fds(exc) from exc
+            if out_of_fds(exc):
+                raise OSError(exc.errno, f"shmvec could not start its workers: {fd_limit_reached(exc)}") from exc
             raise
 
     @property

@@ -9,10 +9,12 @@ the processes.
 
 from __future__ import annotations
 
+import errno
 import multiprocessing as mp
 import multiprocessing.connection
 import multiprocessing.util
 import os
+import resource
 import time
 import weakref
 from collections.abc import Sequence
@@ -27,7 +29,7 @@ from shmvec._engine.worker import CLOSE_GRACE_S, FdHandle, WorkerSpec
 from shmvec._engine.worker import main as worker_main
 from shmvec.errors import ShmVecTimeoutError, WorkerDiedError, describe_exit, describe_worker
 
-__all__ = ["WorkerPool", "CLOSE_GRACE_S", "still_pending", "live_worker_pids"]
+__all__ = ["WorkerPool", "CLOSE_GRACE_S", "still_pending", "live_worker_pids", "out_of_fds", "fd_limit_reached"]
 
 # Every pool of this process not yet collected: their workers are shmvec's
 # own, not other programs' load (system.cpus_busy_elsewhere).
@@ -233,9 +235,17 @@ class WorkerPool:
             self.cycle.break_(why)
             raise WorkerDiedError(w, self.worker_rows[w], self.processes[w].exitcode, why)
         self.restarts += 1
+        try:
+            fresh = self.spawn(w)
+        except Exception as exc:  # the failed process stays, for shutdown to release
+            why = fd_limit_reached(exc) if out_of_fds(exc) else f"{type(exc).__name__}: {exc}"
+            why = (f"{describe_worker(w, self.worker_rows[w])} failed ({cause}) and could not be restarted "
+                   f"({why}); close this vector env")
+            self.cycle.break_(why)
+            raise WorkerDiedError(w, self.worker_rows[w], self.processes[w].exitcode, why) from exc
         release(self.processes[w])
-        self.processes[w] = self.spawn(w)
-        self.sentinels[w] = self.processes[w].sentinel
+        self.processes[w] = fresh
+        self.sentinels[w] = fresh.sentinel
 
     # -- shutdown -------------------------------------------------------------------
 
@@ -262,6 +272,20 @@ def shutdown(processes: list, cpus: list, fds: list[int], grace: float) -> None:
             p.join(timeout=CLOSE_GRACE_S)
         release(p)
     cpus.clear()
+
+
+def out_of_fds(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def fd_limit_reached(exc: OSError) -> str:
+    """Why a start that ran out of file descriptors failed, and what to do."""
+    if exc.errno == errno.ENFILE:
+        return f"the system's open-file limit is reached ({exc.strerror}): close files"
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (f"this process's open-file limit is reached ({exc.strerror}; it may open {soft}), and each "
+            "worker holds a few while it starts: raise it (ulimit -n, or resource.setrlimit "
+            "RLIMIT_NOFILE) or close files")
 
 
 def check_fds_for_a_start() -> None:
