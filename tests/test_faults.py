@@ -995,12 +995,17 @@ def test_running_out_of_fds_while_starting_leaves_nothing_open(start_method, tmp
     says which limit, and leaves no fd and no worker behind: a worker started
     before the next one failed used to be left out of the pool, and
     multiprocessing leaks a pipe when the second of its pipes cannot open."""
+    assert "started with room" in run_fd_limit_script(FD_LIMIT_SCRIPT, start_method, tmp_path)
+
+
+def run_fd_limit_script(text: str, start_method: str, tmp_path) -> str:
+    """Runs `text` as a program of its own (it lowers its own fd limit); its stdout."""
     script = tmp_path / "fd_limit.py"
-    script.write_text(FD_LIMIT_SCRIPT)
+    script.write_text(text)
     proc = subprocess.run([sys.executable, str(script), start_method], check=False, cwd=tmp_path,
                           capture_output=True, text=True, env=script_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "started with room" in proc.stdout
+    return proc.stdout
 
 
 RESTART_FD_LIMIT_SCRIPT = textwrap.dedent("""
@@ -1043,12 +1048,7 @@ def test_a_restart_that_runs_out_of_fds_breaks_the_env_cleanly(start_method, tmp
     """A worker that cannot be restarted (no fd left for its start) makes
     the step raise WorkerDiedError naming why; the env can then only be
     closed, and closes cleanly."""
-    script = tmp_path / "restart_fd_limit.py"
-    script.write_text(RESTART_FD_LIMIT_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), start_method], check=False, cwd=tmp_path,
-                          capture_output=True, text=True, env=script_env(), timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "closed" in proc.stdout
+    assert "closed" in run_fd_limit_script(RESTART_FD_LIMIT_SCRIPT, start_method, tmp_path)
 
 
 EXIT_SCRIPT = textwrap.dedent("""
