@@ -43,6 +43,23 @@ class SecondEnvWarns(NoopEnv):
             warnings.warn("pass fast=True to run faster", PerformanceWarning)
 
 
+class PrintsFromC(NoopEnv):
+    """Prints as MuJoCo does when it loads a model: from C, straight to the
+    process's stdout, once per env made."""
+
+    def __init__(self):
+        super().__init__()
+        os.write(1, b"WARNING: this model uses a deprecated attribute\n\n")
+
+
+class DiesWithLastWords(NoopEnv):
+    """Ends its process as a crash would, saying why on stderr first."""
+
+    def step(self, action):
+        os.write(2, b"fatal: this env's library gave up\n")
+        os._exit(3)
+
+
 @pytest.fixture(autouse=True)
 def restore_sys_path(monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the command adds the current folder
@@ -249,6 +266,26 @@ def test_a_performance_warning_is_one_note_not_one_per_measurement(tmp_path, cap
     assert err.count("pass fast=True to run faster") == 1, err
     assert "note: shmvec on test_bench_cli:SecondEnvWarns: pass fast=True to run faster" in err
     assert "shmvec on test_bench_cli:SecondEnvWarns: pass fast=True to run faster" in json.loads(out.read_text())["notes"]
+
+
+def test_what_the_envs_print_is_one_note_not_a_line_per_env(tmp_path, capfd):
+    out = tmp_path / "out.json"
+    assert bench("test_bench_cli:PrintsFromC", "--num-envs", "2,3", "--backends", "shmvec,sync,uncoupled",
+                 "--seconds", "0.05", "--passes", "2", "--json", str(out)) == 0
+    captured = capfd.readouterr()
+    assert "deprecated attribute" not in captured.out  # the table stays readable
+    assert captured.err.count("deprecated attribute") == 1, captured.err
+    assert re.search(r"note: pass 1/2: test_bench_cli:PrintsFromC: limit, \d+ plain loops at once printed \(shown once\):"
+                     r"\n    WARNING: this model uses a deprecated attribute\n", captured.err), captured.err
+    assert any("WARNING: this model uses a deprecated attribute" in note for note in json.loads(out.read_text())["notes"])
+    assert measure.take_printed() == []  # handed out once
+
+
+def test_a_process_that_dies_leaves_its_last_words_in_a_note(capfd):
+    assert bench("test_bench_cli:DiesWithLastWords", "--num-envs", "1", "--backends", "sync", *FAST) == 1
+    err = capfd.readouterr().err
+    assert "failed: the benchmark process died (exit code 3)" in err
+    assert "printed (shown once):\n    fatal: this env's library gave up" in err
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections import defaultdict
@@ -27,7 +28,7 @@ from shmvec.bench.peers import env_factory, single_action_space
 
 __all__ = ["action_batches", "plain_envs", "step_for", "warmup_seconds", "vector_rate", "async_rate", "mlp_policy",
            "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "proc_field", "FreshProcess",
-           "isolated"]
+           "isolated", "take_printed"]
 
 # Actions are made beforehand and cycled through, so that making them costs
 # nothing in the timed loop. The cycle is long: a short one (it was 64
@@ -375,8 +376,20 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _serve(conn, parent: int) -> None:
+def _print_into(path: str) -> None:
+    """Sends what this process and the processes it starts print, Python's
+    and C libraries' alike, into the file at `path` (then unlinks it: the
+    FreshProcess reads it through its own descriptor)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    os.unlink(path)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _serve(conn, parent: int, output_path: str) -> None:
     _die_with(parent)
+    _print_into(output_path)
     try:
         while True:
             try:
@@ -395,17 +408,41 @@ def _serve(conn, parent: int) -> None:
         return
 
 
+# Each distinct text a FreshProcess printed (its lines, each once), in order;
+# `take_printed` hands out those not handed out yet.
+_PRINTED: dict[str, None] = {}
+_printed_taken = 0
+_PRINTED_MAX_BYTES = 1 << 20
+
+
+def take_printed() -> list[str]:
+    """The texts fresh processes printed since the last call, each distinct
+    one once: envs' libraries print from C as they load (MuJoCo warns of a
+    deprecated attribute once per env made), which in every measurement
+    would bury the bench's own output."""
+    global _printed_taken
+    texts = list(_PRINTED)[_printed_taken:]
+    _printed_taken = len(_PRINTED)
+    return texts
+
+
 class FreshProcess:
     """A new interpreter (spawn) that runs the calls sent to it: what it
     measures is not disturbed by earlier measurements (threads, fork servers,
-    memory high-water marks). `fn` must be importable by name."""
+    memory high-water marks). `fn` must be importable by name. What it and
+    its own processes print is kept aside, for `take_printed`."""
 
     def __init__(self):
         ctx = mp.get_context("spawn")
+        self._output_fd, self._output_path = tempfile.mkstemp(prefix="shmvec-bench-", suffix=".out")
         self._conn, child = ctx.Pipe()
         # Not a daemon: the vector envs it measures start processes of their own.
-        self._process = ctx.Process(target=_serve, args=(child, os.getpid()), name="shmvec-bench")
-        self._process.start()
+        self._process = ctx.Process(target=_serve, args=(child, os.getpid(), self._output_path), name="shmvec-bench")
+        try:
+            self._process.start()
+        except BaseException:
+            self._close_output()
+            raise
         child.close()
 
     def call(self, fn: Callable, *args: Any) -> Any:
@@ -424,14 +461,34 @@ class FreshProcess:
             ok, value = self._conn.recv()
         except EOFError:
             self._process.join(1.0)
+            # (what it printed, a crash's last words among it, reaches take_printed on close)
             raise RuntimeError(f"the benchmark process died (exit code {self._process.exitcode})") from None
         if not ok:
             raise RuntimeError(value)
         return value
 
+    def _printed(self) -> str:
+        """What the process printed so far, each line once."""
+        raw = os.pread(self._output_fd, _PRINTED_MAX_BYTES, 0).decode(errors="replace")
+        return "\n".join(dict.fromkeys(line.rstrip() for line in raw.splitlines() if line.strip()))
+
+    def _close_output(self) -> None:
+        if self._output_fd < 0:
+            return
+        printed = self._printed()
+        os.close(self._output_fd)
+        self._output_fd = -1
+        try:
+            os.unlink(self._output_path)  # where the process ended before it could
+        except FileNotFoundError:
+            pass
+        if printed:
+            _PRINTED.setdefault(printed)
+
     def close(self) -> None:
         self._conn.close()  # it sees end-of-file and returns
         self._process.join()
+        self._close_output()
 
     def __enter__(self) -> FreshProcess:
         return self

@@ -11,7 +11,8 @@ import warnings
 
 from shmvec._engine.system import usable_cpus
 from shmvec.errors import PerformanceWarning
-from shmvec.bench.measure import Hogs, async_rate, concurrent_limit, isolated, mlp_policy, tree_memory, vector_rate
+from shmvec.bench.measure import (Hogs, async_rate, concurrent_limit, isolated, mlp_policy, take_printed, tree_memory,
+                                  vector_rate)
 from shmvec.bench.peers import PEERS, build, single_action_space, workload_missing
 
 __all__ = ["shmvec_options", "in_atari_pipeline", "measure_once", "plan", "measure_all"]
@@ -214,6 +215,10 @@ def measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
             notes.append(f"{what} failed: {str(exc).strip().splitlines()[-1]}")
             progress.note(notes[-1])
             return None
+        finally:
+            for text in take_printed():  # once, not once per env and measurement
+                notes.append(f"{what} printed (shown once):" + "".join(f"\n    {line}" for line in text.splitlines()))
+                progress.note(notes[-1])
 
     limit_runs: dict[str, list[dict]] = {}
     measured: dict[tuple, list[dict]] = {}
