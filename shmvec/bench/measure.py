@@ -18,6 +18,7 @@ import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable
+from multiprocessing import reduction
 from typing import Any
 
 from gymnasium.vector.utils import batch_space
@@ -376,20 +377,33 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def _print_into(path: str) -> None:
+class _FdForChild:
+    """A file descriptor handed to a spawned process (as multiprocessing
+    hands it a Connection's): the child gets its own copy."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _fd_in_child, (reduction.DupFd(self.fd),)
+
+
+def _fd_in_child(dup) -> int:
+    return dup.detach()
+
+
+def _print_into(fd: int) -> None:
     """Sends what this process and the processes it starts print, Python's
-    and C libraries' alike, into the file at `path` (then unlinks it: the
-    FreshProcess reads it through its own descriptor)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    os.unlink(path)
+    and C libraries' alike, into the file open at `fd` (an unlinked one,
+    which the FreshProcess reads)."""
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
 
 
-def _serve(conn, parent: int, output_path: str) -> None:
+def _serve(conn, parent: int, output_fd: int) -> None:
+    _print_into(output_fd)
     _die_with(parent)
-    _print_into(output_path)
     try:
         while True:
             try:
@@ -434,14 +448,15 @@ class FreshProcess:
 
     def __init__(self):
         ctx = mp.get_context("spawn")
-        self._output_fd, self._output_path = tempfile.mkstemp(prefix="shmvec-bench-", suffix=".out")
+        self._output = tempfile.TemporaryFile(prefix="shmvec-bench-")  # unlinked: nothing is left behind
         self._conn, child = ctx.Pipe()
         # Not a daemon: the vector envs it measures start processes of their own.
-        self._process = ctx.Process(target=_serve, args=(child, os.getpid(), self._output_path), name="shmvec-bench")
+        self._process = ctx.Process(target=_serve, args=(child, os.getpid(), _FdForChild(self._output.fileno())),
+                                    name="shmvec-bench")
         try:
             self._process.start()
         except BaseException:
-            self._close_output()
+            self._output.close()
             raise
         child.close()
 
@@ -467,28 +482,15 @@ class FreshProcess:
             raise RuntimeError(value)
         return value
 
-    def _printed(self) -> str:
-        """What the process printed so far, each line once."""
-        raw = os.pread(self._output_fd, _PRINTED_MAX_BYTES, 0).decode(errors="replace")
-        return "\n".join(dict.fromkeys(line.rstrip() for line in raw.splitlines() if line.strip()))
-
-    def _close_output(self) -> None:
-        if self._output_fd < 0:
-            return
-        printed = self._printed()
-        os.close(self._output_fd)
-        self._output_fd = -1
-        try:
-            os.unlink(self._output_path)  # where the process ended before it could
-        except FileNotFoundError:
-            pass
-        if printed:
-            _PRINTED.setdefault(printed)
-
     def close(self) -> None:
         self._conn.close()  # it sees end-of-file and returns
         self._process.join()
-        self._close_output()
+        if not self._output.closed:
+            raw = os.pread(self._output.fileno(), _PRINTED_MAX_BYTES, 0).decode(errors="replace")
+            self._output.close()
+            printed = "\n".join(dict.fromkeys(line.rstrip() for line in raw.splitlines() if line.strip()))
+            if printed:
+                _PRINTED.setdefault(printed)
 
     def __enter__(self) -> FreshProcess:
         return self
