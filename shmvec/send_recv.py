@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from shmvec import _core
-from shmvec._engine.cycle import IDLE, NEEDS_RESET, WAITING_RESET
+from shmvec._engine.cycle import CLOSED, IDLE, NEEDS_RESET, WAITING_RESET
 from shmvec.contract import check_async, check_async_reset_options, env_ids_array, raise_env_ids_problem, seeds_for
 from shmvec.step_infos import vectorize_batch
 
@@ -95,10 +95,22 @@ class SendRecv:
         """Waits for ``batch_size`` envs to finish and returns their
         (observations, rewards, terminations, truncations, infos), in the
         order they finished; ``infos["env_id"]`` says which envs they are."""
-        batch = self._next_batch()  # and kept in _handed_out: a Ctrl-C from here leaves it to the next recv()
+        try:
+            batch = self._next_batch()  # and kept in _handed_out: a Ctrl-C from here leaves it to the next recv()
+        except Exception:
+            self._raise_if_closed_meanwhile()
+            raise
+        self._raise_if_closed_meanwhile()
         self._engine.async_steps.caller_leaves()
         self._handed_out = None
         return batch
+
+    def _raise_if_closed_meanwhile(self) -> None:
+        """close() ran during recv() (from another thread, or a signal
+        handler), tearing down what it read: the closed error, as in
+        lock-step, not whatever the teardown made of the batch."""
+        if self._cycle.phase is CLOSED:
+            raise self._cycle.closed_error() from None
 
     def _next_batch(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """recv()'s batch, left in _handed_out for recv() to clear."""

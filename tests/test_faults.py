@@ -49,6 +49,7 @@ from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
 from helpers import needs_autoreset_modes
 
 import shmvec
+import shmvec._engine.engine
 from shmvec._engine.worker import CLOSE_GRACE_S
 from shmvec.errors import RemoteTraceback
 
@@ -793,6 +794,136 @@ def test_close_in_a_signal_handler_during_a_step_makes_the_step_raise_closed(mod
         signal.signal(signal.SIGUSR1, previous)
     assert envs.closed
     assert not wait_gone(pids)
+
+
+class StepThenClose(FaultEnv):
+    """Records, in the process that steps it, whether its close() came while
+    its step() ran (a worker runs them one after the other; the caller's own
+    slice may be closed from another thread or a signal handler)."""
+
+    closed: dict[int, bool] = {}  # row -> closed mid-step
+
+    def __init__(self, row: int, hang_s: float):
+        super().__init__(hang_s=hang_s)
+        self.row = row
+        self.stepping = False
+
+    def step(self, action):
+        self.stepping = True
+        try:
+            return super().step(action)
+        finally:
+            self.stepping = False
+
+    def close(self):
+        StepThenClose.closed[self.row] = self.stepping
+
+
+def _step_env_0_hanging(envs, mode: str) -> None:
+    """One step (lock-step) or send/recv (async) in which env 0, the
+    caller's, sleeps `hang_s` in its step."""
+    actions = actions_for(4, 0, HANG)
+    if mode == "async":
+        envs.send(actions, np.arange(4))
+        envs.recv()
+    else:
+        envs.step(actions)
+
+
+def _callers_slice_envs(mode: str, num_workers: int, hang_s: float):
+    StepThenClose.closed.clear()
+    envs = shmvec.ShmVecEnv([functools.partial(StepThenClose, row, hang_s) for row in range(4)],
+                            num_workers=num_workers, caller_steps=True, start_method="fork",
+                            batch_size=2 if mode == "async" else None)
+    assert 0 in caller_rows(envs)
+    if mode == "async":
+        envs.async_reset(seed=0)
+        envs.recv(), envs.recv()
+    else:
+        envs.reset(seed=0)
+    return envs, worker_pids(envs)
+
+
+@pytest.mark.parametrize("mode", ["lock-step", "async"])
+@pytest.mark.parametrize("num_workers", [1, 0], ids=["caller+1worker", "caller only"])
+def test_close_from_another_thread_closes_the_callers_env_after_its_step(mode, num_workers):
+    """close() while another thread is inside a step of an env of the
+    caller's own slice: as a worker process does (AsyncVectorEnv's too), it
+    closes that env once the step returns, never under it; the step raises
+    the closed error."""
+    envs, pids = _callers_slice_envs(mode, num_workers, hang_s=0.6)
+    raised = []
+
+    def rollout():
+        try:
+            _step_env_0_hanging(envs, mode)
+        except BaseException as exc:
+            raised.append(exc)
+
+    stepping = threading.Thread(target=rollout)
+    stepping.start()
+    time.sleep(0.2)  # env 0 is asleep in its step
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Calling `close` while waiting for a pending call to `step`"
+        envs.close()
+    assert StepThenClose.closed.get(0) is False  # closed by close(), after its step
+    stepping.join(10)
+    assert len(raised) == 1 and isinstance(raised[0], ClosedEnvironmentError), raised
+    assert all(not mid_step for mid_step in StepThenClose.closed.values())
+    assert wait_gone(pids) == []
+
+
+def test_close_from_another_thread_waits_for_the_callers_env_at_most_the_grace(monkeypatch):
+    """An env of the caller's that stays in its step past the grace: close()
+    returns (bounded in time), and the thread stepping it closes it once its
+    step returns."""
+    monkeypatch.setattr(shmvec._engine.engine, "CLOSE_GRACE_S", 0.3)
+    envs, pids = _callers_slice_envs("lock-step", 1, hang_s=2.0)
+    raised = []
+
+    def rollout():
+        try:
+            _step_env_0_hanging(envs, "lock-step")
+        except BaseException as exc:
+            raised.append(exc)
+
+    stepping = threading.Thread(target=rollout)
+    stepping.start()
+    time.sleep(0.2)
+    start = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        envs.close()
+    assert time.monotonic() - start < 1.5
+    assert 0 not in StepThenClose.closed  # still in its step
+    assert wait_gone(pids) == []  # the workers are gone all the same
+    stepping.join(10)
+    assert len(raised) == 1 and isinstance(raised[0], ClosedEnvironmentError), raised
+    assert StepThenClose.closed == {0: False, 1: False}  # the caller's two, each after its step
+
+
+@pytest.mark.parametrize("mode", ["lock-step", "async"])
+@pytest.mark.parametrize("num_workers", [1, 0], ids=["caller+1worker", "caller only"])
+def test_close_in_a_signal_handler_inside_the_callers_env_closes_it_after_its_step(mode, num_workers):
+    """A SIGTERM handler's close() that lands inside a step of the caller's
+    own env: that env is closed as its step returns, not under it, and the
+    step raises the closed error."""
+    envs, pids = _callers_slice_envs(mode, num_workers, hang_s=0.6)
+    previous = signal.signal(signal.SIGUSR1, lambda *_: envs.close())
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(ClosedEnvironmentError):
+                _step_env_0_hanging(envs, mode)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert envs.closed
+    assert StepThenClose.closed.get(0) is False
+    assert all(not mid_step for mid_step in StepThenClose.closed.values())
+    assert wait_gone(pids) == []
 
 
 def _reap_children(signum, frame):

@@ -165,11 +165,16 @@ class AsyncSteps:
             _core.run_holding_interrupt(self._step_own_held, count)
 
     def _step_own_held(self, count: int) -> None:
+        own = self._own
+        if not own.enter():  # close() came first (from another thread, or a signal handler)
+            raise self._engine.cycle.closed_error()
         try:
-            self._channel.step_own(self._own.stepper, count, True, P.dumps, P.encode_error, self._own_overflow)
+            self._channel.step_own(own.stepper, count, True, P.dumps, P.encode_error, self._own_overflow)
         except KeyboardInterrupt:
             self._engine.cycle.half_done(INTERRUPTED)
             raise
+        finally:
+            own.leave()
 
     def _restart(self) -> bool:
         """Replaces workers that died, or that have had envs in flight and

@@ -276,13 +276,18 @@ class CommandRunner:
         _core.run_holding_interrupt(self._caller_slice, command)
 
     def _caller_slice(self, command: _Command) -> None:
+        own = self._caller
+        if own is None or not own.enter():  # close() came first (from another thread, or a signal handler)
+            raise self.cycle.closed_error()
         try:
-            command.caller_result = command.caller_fn(self._caller)
+            command.caller_result = command.caller_fn(own)
         except Exception as exc:
             command.caller_error = exc  # raised once the workers are done too
         except BaseException:  # stopped mid-slice: workers finish; the next command waits them out
             self._command = None
             raise
+        finally:
+            own.leave()
         command.caller_done = True
 
     def _worker_replies(self, command: _Command) -> list[bytes]:

@@ -332,13 +332,15 @@ class Engine(CommandRunner):
             finally:
                 self.pool.closing = False
         if self._caller is not None:
+            caller, self._caller = self._caller, None
             try:
-                self._caller.close()
+                # Not under a step that another thread (or this one, below a
+                # signal handler) is inside: after it, as a worker would.
+                caller.close_when_free(CLOSE_GRACE_S)
             except Exception as exc:
                 if hasattr(exc, "add_note"):  # (3.11+) a worker's names its env in its traceback
-                    exc.add_note(f"(in shmvec env {self._caller.failed_row})")
+                    exc.add_note(f"(in shmvec env {caller.failed_row})")
                 errors.insert(0, exc)  # the caller's envs come first
-            self._caller = None
         self._release_torch_threads()
         self.pool.shutdown(CLOSE_GRACE_S if graceful else 0.0)
         # Drop our views so the mappings go away (user-held copy=False views

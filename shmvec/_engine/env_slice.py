@@ -4,6 +4,9 @@ runs one in-process, through the same native stepper."""
 
 from __future__ import annotations
 
+import threading
+import time
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -85,12 +88,69 @@ def make_envs(factories, first_row: int) -> list:
 
 
 class EnvSlice:
+    """In the caller's process, `enter` and `leave` bracket every use of the
+    envs (a step, reset or call), and `close_when_free` closes them only
+    outside one, as a worker process, which runs one thing at a time, does:
+    a close() from another thread, or from a signal handler inside an env's
+    step, must not close an env under its step."""
+
     def __init__(self, envs: list, first_row: int):
         self.envs = envs
         self.first_row = first_row
         self.rows = range(first_row, first_row + len(envs))
         self.stepper: _core.Stepper | None = None
         self._flatten_obs = None
+        # The handoff between a use and close(), without a lock (a signal
+        # handler's close() may run inside a use, in the same thread): each
+        # side writes its flag, then reads the other's, so at least one of
+        # them sees that it must close the envs, and the one that pops the
+        # token does.
+        self._user: int | None = None  # the thread inside a use
+        self._closing = False
+        self._left_to_user = False  # close() returned; the use closes the envs as it ends
+        self._close_token = [True]
+
+    def enter(self) -> bool:
+        """A use begins in this thread; False (and no use) once close() has begun."""
+        self._user = threading.get_ident()
+        if self._closing:
+            self.leave()
+            return False
+        return True
+
+    def leave(self) -> None:
+        """The use ends; if close() left the envs to it, it closes them
+        (their errors become warnings: close() has returned)."""
+        self._user = None
+        if self._left_to_user and self._take_close_token():
+            try:
+                self.close()
+            except Exception as exc:
+                warnings.warn(f"shmvec: env {self.failed_row}'s close() raised {exc!r} (it was closed after its "
+                              "step, which was under way when close() returned)", RuntimeWarning, stacklevel=2)
+
+    def close_when_free(self, grace_s: float) -> bool:
+        """Closes the envs (raising the first env's error), waiting up to
+        `grace_s` for a use in another thread to end. Returns False, having
+        closed nothing, where the use goes on (past the grace, or in this
+        thread: a signal handler inside it); it closes them as it ends."""
+        self._closing = True
+        me, deadline = threading.get_ident(), time.monotonic() + grace_s
+        while self._user not in (None, me) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if self._user is not None:
+            self._left_to_user = True
+            if self._user is not None:  # (read again: it may have ended before it could see the flag)
+                return False
+        if self._take_close_token():
+            self.close()
+        return True
+
+    def _take_close_token(self) -> bool:
+        try:
+            return self._close_token.pop()  # atomic: one taker only
+        except IndexError:
+            return False
 
     def describe(self) -> dict[str, Any]:
         """Every env's spaces, and the first env's metadata; the engine checks
