@@ -830,6 +830,22 @@ def _step_env_0_hanging(envs, mode: str) -> None:
         envs.step(actions)
 
 
+def _step_in_a_thread(envs, mode: str) -> tuple[threading.Thread, list]:
+    """_step_env_0_hanging in a thread of its own, started; the list gets
+    what it raises."""
+    raised = []
+
+    def rollout():
+        try:
+            _step_env_0_hanging(envs, mode)
+        except BaseException as exc:
+            raised.append(exc)
+
+    stepping = threading.Thread(target=rollout)
+    stepping.start()
+    return stepping, raised
+
+
 def _callers_slice_envs(mode: str, num_workers: int, hang_s: float):
     StepThenClose.closed.clear()
     envs = shmvec.ShmVecEnv([functools.partial(StepThenClose, row, hang_s) for row in range(4)],
@@ -852,16 +868,7 @@ def test_close_from_another_thread_closes_the_callers_env_after_its_step(mode, n
     closes that env once the step returns, never under it; the step raises
     the closed error."""
     envs, pids = _callers_slice_envs(mode, num_workers, hang_s=0.6)
-    raised = []
-
-    def rollout():
-        try:
-            _step_env_0_hanging(envs, mode)
-        except BaseException as exc:
-            raised.append(exc)
-
-    stepping = threading.Thread(target=rollout)
-    stepping.start()
+    stepping, raised = _step_in_a_thread(envs, mode)
     time.sleep(0.2)  # env 0 is asleep in its step
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Calling `close` while waiting for a pending call to `step`"
@@ -879,16 +886,7 @@ def test_close_from_another_thread_waits_for_the_callers_env_at_most_the_grace(m
     step returns."""
     monkeypatch.setattr(shmvec._engine.engine, "CLOSE_GRACE_S", 0.3)
     envs, pids = _callers_slice_envs("lock-step", 1, hang_s=2.0)
-    raised = []
-
-    def rollout():
-        try:
-            _step_env_0_hanging(envs, "lock-step")
-        except BaseException as exc:
-            raised.append(exc)
-
-    stepping = threading.Thread(target=rollout)
-    stepping.start()
+    stepping, raised = _step_in_a_thread(envs, "lock-step")
     time.sleep(0.2)
     start = time.monotonic()
     with warnings.catch_warnings():
