@@ -129,11 +129,11 @@ class EnvSlice:
                 warnings.warn(f"shmvec: env {self.failed_row}'s close() raised {exc!r} (it was closed after its "
                               "step, which was under way when close() returned)", RuntimeWarning, stacklevel=2)
 
-    def close_when_free(self, grace_s: float) -> bool:
+    def close_when_free(self, grace_s: float) -> None:
         """Closes the envs (raising the first env's error), waiting up to
-        `grace_s` for a use in another thread to end. Returns False, having
-        closed nothing, where the use goes on (past the grace, or in this
-        thread: a signal handler inside it); it closes them as it ends."""
+        `grace_s` for a use in another thread to end. Where the use goes on
+        (past the grace, or in this thread: a signal handler inside it), it
+        closes them as it ends instead."""
         self._closing = True
         me, deadline = threading.get_ident(), time.monotonic() + grace_s
         while self._user not in (None, me) and time.monotonic() < deadline:
@@ -141,10 +141,9 @@ class EnvSlice:
         if self._user is not None:
             self._left_to_user = True
             if self._user is not None:  # (read again: it may have ended before it could see the flag)
-                return False
+                return
         if self._take_close_token():
             self.close()
-        return True
 
     def _take_close_token(self) -> bool:
         try:
