@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from benchlib import CPUS, PASSES, RESULTS, SKIPPED
 
-from shmvec.bench.measure import take_printed
+from shmvec.bench.printed import take_printed
 from shmvec.bench.peers import PEERS, build
 from shmvec.bench.report import about_the_run
 
@@ -98,10 +98,10 @@ def pytest_terminal_summary(terminalreporter):
         return
     write = terminalreporter.write_line
     printed = take_printed()
-    if printed:  # each distinct text the measuring processes printed, once
+    if printed:  # each distinct line the measuring processes printed, once
         terminalreporter.section("printed by the measuring processes")
-        for text in printed:
-            write(text)
+        for line in printed:
+            write(line)
     terminalreporter.section("shmvec figures")
     write(f"on {about_the_run(CPUS)['machine']}")  # figures from two CPU models do not compare
     for case in sorted({case for case, _ in RESULTS}):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from shmvec import PerformanceWarning, ShmVecEnv, cli
-from shmvec.bench import measure, peers
+from shmvec.bench import measure, peers, printed
 from shmvec.bench.peers import PEERS
 from shmvec.testing import NoopEnv
 
@@ -45,11 +45,14 @@ class SecondEnvWarns(NoopEnv):
 
 class PrintsFromC(NoopEnv):
     """Prints as MuJoCo does when it loads a model: from C, straight to the
-    process's stdout, once per env made."""
+    process's stdout, once per env made, a line in two writes (processes
+    that make envs at once would interleave them in a file they share)."""
 
     def __init__(self):
         super().__init__()
-        os.write(1, b"WARNING: this model uses a deprecated attribute\n\n")
+        os.write(1, b"WARNING")
+        time.sleep(0.05)
+        os.write(1, b": this model uses a deprecated attribute\n\n")
 
 
 class DiesWithLastWords(NoopEnv):
@@ -270,15 +273,15 @@ def test_a_performance_warning_is_one_note_not_one_per_measurement(tmp_path, cap
 
 def test_what_the_envs_print_is_one_note_not_a_line_per_env(tmp_path, capfd):
     out = tmp_path / "out.json"
-    assert bench("test_bench_cli:PrintsFromC", "--num-envs", "2,3", "--backends", "shmvec,sync,uncoupled",
+    assert bench("test_bench_cli:PrintsFromC", "--num-envs", "2,3", "--backends", "shmvec,sync,uncoupled,async",
                  "--seconds", "0.05", "--passes", "2", "--json", str(out)) == 0
     captured = capfd.readouterr()
     assert "deprecated attribute" not in captured.out  # the table stays readable
-    assert captured.err.count("deprecated attribute") == 1, captured.err
+    assert captured.err.count("deprecated attribute") == 1, captured.err  # whole, once, in all processes
     assert re.search(r"note: pass 1/2: test_bench_cli:PrintsFromC: limit, \d+ plain loops at once printed \(shown once\):"
                      r"\n    WARNING: this model uses a deprecated attribute\n", captured.err), captured.err
     assert any("WARNING: this model uses a deprecated attribute" in note for note in json.loads(out.read_text())["notes"])
-    assert measure.take_printed() == []  # handed out once
+    assert printed.take_printed() == []  # handed out once
 
 
 def test_a_process_that_dies_leaves_its_last_words_in_a_note(capfd):
@@ -343,17 +346,19 @@ def test_async_batch_without_its_row_says_so(capsys):
 def test_a_measuring_process_ends_with_the_bench(tmp_path):
     """A SIGKILLed bench takes its measuring processes with it, and so the
     hogs they started (--busy-late): those spun on for the measurement's
-    length, and its report met a closed pipe."""
+    length, and its report met a closed pipe. The folder they printed into
+    goes with the next bench."""
     script = tmp_path / "bench_then_die.py"
     script.write_text(
         "import os, signal, sys, time\n"
         "from shmvec.bench import measure\n"
         "process = measure.FreshProcess()\n"
         "process.send(time.sleep, 60)\n"
-        "print(process._process.pid, flush=True)\n"
+        "print(process._process.pid, process._printed.path, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    pid = int(done.stdout.split()[0])
+    pid, printed_into = done.stdout.split()
+    pid = int(pid)
 
     def running() -> bool:  # (a zombie has ended: whoever adopted it reaps it, or not)
         try:
@@ -366,6 +371,9 @@ def test_a_measuring_process_ends_with_the_bench(tmp_path):
     while time.monotonic() < deadline and running():
         time.sleep(0.05)
     assert not running()
+    assert os.path.isdir(printed_into)
+    printed.PrintedFolder().collect()
+    assert not os.path.exists(printed_into)
 
 
 def test_passes_give_medians_with_min_and_max(tmp_path):

@@ -13,12 +13,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable
-from multiprocessing import reduction
 from typing import Any
 
 from gymnasium.vector.utils import batch_space
@@ -26,10 +24,11 @@ from gymnasium.vector.utils import batch_space
 from shmvec._engine.plan import split_slices
 from shmvec._engine.system import usable_cpus
 from shmvec.bench.peers import env_factory, single_action_space
+from shmvec.bench.printed import PrintedFolder
 
 __all__ = ["action_batches", "plain_envs", "step_for", "warmup_seconds", "vector_rate", "async_rate", "mlp_policy",
            "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "proc_field", "FreshProcess",
-           "isolated", "take_printed"]
+           "isolated"]
 
 # Actions are made beforehand and cycled through, so that making them costs
 # nothing in the timed loop. The cycle is long: a short one (it was 64
@@ -377,32 +376,8 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-class _FdForChild:
-    """A file descriptor handed to a spawned process (as multiprocessing
-    hands it a Connection's): the child gets its own copy."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def __reduce__(self):
-        return _fd_in_child, (reduction.DupFd(self.fd),)
-
-
-def _fd_in_child(dup) -> int:
-    return dup.detach()
-
-
-def _print_into(fd: int) -> None:
-    """Sends what this process and the processes it starts print, Python's
-    and C libraries' alike, into the file open at `fd` (an unlinked one,
-    which the FreshProcess reads)."""
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
-def _serve(conn, parent: int, output_fd: int) -> None:
-    _print_into(output_fd)
+def _serve(conn, parent: int, printed_into: str) -> None:
+    PrintedFolder.enter_in_child(printed_into)
     _die_with(parent)
     try:
         while True:
@@ -422,41 +397,23 @@ def _serve(conn, parent: int, output_fd: int) -> None:
         return
 
 
-# Each distinct text a FreshProcess printed (its lines, each once), in order;
-# `take_printed` hands out those not handed out yet.
-_PRINTED: dict[str, None] = {}
-_printed_taken = 0
-_PRINTED_MAX_BYTES = 1 << 20
-
-
-def take_printed() -> list[str]:
-    """The texts fresh processes printed since the last call, each distinct
-    one once: envs' libraries print from C as they load (MuJoCo warns of a
-    deprecated attribute once per env made), which in every measurement
-    would bury the bench's own output."""
-    global _printed_taken
-    texts = list(_PRINTED)[_printed_taken:]
-    _printed_taken = len(_PRINTED)
-    return texts
-
-
 class FreshProcess:
     """A new interpreter (spawn) that runs the calls sent to it: what it
     measures is not disturbed by earlier measurements (threads, fork servers,
     memory high-water marks). `fn` must be importable by name. What it and
-    its own processes print is kept aside, for `take_printed`."""
+    its own processes print is kept aside, for `printed.take_printed`."""
 
     def __init__(self):
         ctx = mp.get_context("spawn")
-        self._output = tempfile.TemporaryFile(prefix="shmvec-bench-")  # unlinked: nothing is left behind
+        self._printed = PrintedFolder()
         self._conn, child = ctx.Pipe()
         # Not a daemon: the vector envs it measures start processes of their own.
-        self._process = ctx.Process(target=_serve, args=(child, os.getpid(), _FdForChild(self._output.fileno())),
+        self._process = ctx.Process(target=_serve, args=(child, os.getpid(), self._printed.path),
                                     name="shmvec-bench")
         try:
             self._process.start()
         except BaseException:
-            self._output.close()
+            self._printed.collect()
             raise
         child.close()
 
@@ -485,12 +442,7 @@ class FreshProcess:
     def close(self) -> None:
         self._conn.close()  # it sees end-of-file and returns
         self._process.join()
-        if not self._output.closed:
-            raw = os.pread(self._output.fileno(), _PRINTED_MAX_BYTES, 0).decode(errors="replace")
-            self._output.close()
-            printed = "\n".join(dict.fromkeys(line.rstrip() for line in raw.splitlines() if line.strip()))
-            if printed:
-                _PRINTED.setdefault(printed)
+        self._printed.collect()
 
     def __enter__(self) -> FreshProcess:
         return self

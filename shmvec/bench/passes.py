@@ -11,9 +11,10 @@ import warnings
 
 from shmvec._engine.system import usable_cpus
 from shmvec.errors import PerformanceWarning
-from shmvec.bench.measure import (Hogs, async_rate, concurrent_limit, isolated, mlp_policy, take_printed, tree_memory,
+from shmvec.bench.measure import (Hogs, async_rate, concurrent_limit, isolated, mlp_policy, tree_memory,
                                   vector_rate)
 from shmvec.bench.peers import PEERS, build, single_action_space, workload_missing
+from shmvec.bench.printed import take_printed
 
 __all__ = ["shmvec_options", "in_atari_pipeline", "measure_once", "plan", "measure_all"]
 
@@ -216,8 +217,9 @@ def measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
             progress.note(notes[-1])
             return None
         finally:
-            for text in take_printed():  # once, not once per env and measurement
-                notes.append(f"{what} printed (shown once):" + "".join(f"\n    {line}" for line in text.splitlines()))
+            printed = take_printed()  # each line once in the run, not once per env and measurement
+            if printed:
+                notes.append(f"{what} printed (shown once):" + "".join(f"\n    {line}" for line in printed))
                 progress.note(notes[-1])
 
     limit_runs: dict[str, list[dict]] = {}

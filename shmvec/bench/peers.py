@@ -23,6 +23,7 @@ from typing import Any
 import gymnasium as gym
 
 from shmvec._engine.system import usable_cpus
+from shmvec.bench.printed import made_printing_apart
 
 __all__ = ["Peer", "PEERS", "PROCESS_PER_ENV_CAP", "REAL_INSTALL", "env_factory", "atari_env", "make_env",
            "workload_missing", "build", "single_action_space"]
@@ -79,7 +80,12 @@ def workload_missing(spec: str, atari: bool = False) -> str | None:
 def env_factory(spec: str, atari: bool = False) -> Callable[[], gym.Env]:
     """A picklable callable that makes one env of `spec` (in Gymnasium's
     Atari pipeline when `atari`); raises ValueError with a clear message for
-    a spec that names nothing."""
+    a spec that names nothing. Under the bench's measuring processes, each
+    process that makes one prints into a file of its own (see `printed`)."""
+    return made_printing_apart(_factory(spec, atari))
+
+
+def _factory(spec: str, atari: bool) -> Callable[[], gym.Env]:
     if spec.startswith("ALE/") or atari:
         if importlib.util.find_spec("ale_py") is None:
             raise ValueError(f"{spec!r} needs ale-py, which is not installed ({REAL_INSTALL})")
