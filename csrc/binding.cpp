@@ -404,12 +404,12 @@ class PyFrontChannel {
   // nothing popped) and pops them onto `finished`. If one of them has an
   // async record (infos that are not columns, an episode's end, an error),
   // or has its info in columns while `info_columns` is None (the slices
-  // have not all shown one schema yet), it returns None and leaves them
-  // there for the Python path. Otherwise it copies their rows of `sources`
-  // (observations, rewards, terminations, truncations) into new arrays,
-  // reads their infos from the columns (see info_batch) and hands them out
-  // (see hand_out) as the batch it returns: (those four, infos), with
-  // infos["env_id"] their ids.
+  // have not all shown one schema yet), or an info key "env_id" of its
+  // own, it returns None and leaves them there for the Python path.
+  // Otherwise it copies their rows of `sources` (observations, rewards,
+  // terminations, truncations) into new arrays, reads their infos from the
+  // columns (see info_batch) and hands them out (see hand_out) as the batch
+  // it returns: (those four, infos), with infos["env_id"] their ids.
   py::object take_batch(uint32_t count, const std::vector<int>& sentinels, double timeout_s, RowQueue& finished,
                         py::array in_flight, const py::list& sources, const py::array& info_flags,
                         const py::object& info_columns, const py::object& front) {
@@ -443,6 +443,7 @@ class PyFrontChannel {
     }
     py::dict infos = any_info ? info_batch(info_flags, py::reinterpret_borrow<py::list>(info_columns), ids)
                               : py::dict();
+    if (infos.contains("env_id")) return py::none();  // an env's own: the Python path says so
     infos["env_id"] = ids;
     py::tuple batch = py::make_tuple(arrays[0], arrays[1], arrays[2], arrays[3], infos);
     hand_out(finished, count, in_flight, front, batch);

@@ -10,7 +10,7 @@ import sys
 import warnings
 
 __all__ = ["WorkerDiedError", "RemoteTraceback", "ShmVecError", "ShmVecTimeoutError", "PerformanceWarning",
-           "describe_exit", "warn_performance", "import_extra"]
+           "describe_exit", "warn_performance", "import_extra", "not_picklable"]
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -34,6 +34,14 @@ def import_extra(module: str, needed_by: str, what: str, extra: str) -> None:
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(f'{needed_by} needs {what}, which did not import ({exc}): '
                                   f'pip install "shmvec[{extra}]"', name=exc.name) from exc
+
+
+def not_picklable(envs: object) -> TypeError:
+    """The error for pickling or copying a vector env (``__reduce__``)."""
+    return TypeError(
+        f"a {type(envs).__module__}.{type(envs).__qualname__} cannot be pickled or copied: its worker processes "
+        "and shared memory belong to the process that made it; pickle what makes it (its env_fns, or the "
+        "envs.spec of shmvec.make) and make another there")
 
 
 class ShmVecError(RuntimeError):

@@ -40,7 +40,7 @@ def _mode(vectorization_mode: Any) -> str:
 
 
 def make(
-    env_id: str | gym.envs.registration.EnvSpec,
+    id: str | gym.envs.registration.EnvSpec,  # make_vec's name: keyword calls work alike
     num_envs: int = 1,
     vectorization_mode: Any = None,
     vector_kwargs: dict[str, Any] | None = None,
@@ -69,12 +69,12 @@ def make(
         ('CartPole-v1', 2)
         >>> envs.close()
     """
-    if isinstance(env_id, registration.EnvSpec):
-        spec = env_id
-    elif isinstance(env_id, str):
-        spec = registration._find_spec(env_id)  # make_vec's lookup: imports "module:", warns of old versions
+    if isinstance(id, registration.EnvSpec):
+        spec = id
+    elif isinstance(id, str):
+        spec = registration._find_spec(id)  # make_vec's lookup: imports "module:", warns of old versions
     else:
-        raise gym.error.Error(f"Invalid id type: {type(env_id)}. Expected `str` or `EnvSpec`")
+        raise gym.error.Error(f"Invalid id type: {type(id)}. Expected `str` or `EnvSpec`")
     # As make_vec: the spec's kwargs go to gym.make as keyword arguments, so
     # that make-level ones (max_episode_steps, ...) reach make, not the env.
     spec = copy.deepcopy(spec)

@@ -21,7 +21,7 @@ from shmvec._engine.batch_io import BatchIO
 from shmvec._engine.cycle import WAITING_STEP, CommandCycle
 from shmvec._engine.engine import FIRST_ENV_SPACES, Engine
 from shmvec._engine.env_slice import AUTORESET_CODES
-from shmvec.errors import import_extra
+from shmvec.errors import import_extra, not_picklable
 
 import_extra("stable_baselines3", "shmvec.sb3", "Stable-Baselines3", "sb3")
 
@@ -297,6 +297,9 @@ class ShmVecEnv(VecEnv):
             )
             return [None] * self.num_envs
         return self.env_method("render")
+
+    def __reduce__(self):
+        raise not_picklable(self)
 
     # -- shutdown -------------------------------------------------------------
 

@@ -155,6 +155,11 @@ class SendRecv:
         infos = columns.batch(ids) if not records else None
         if infos is None:  # first: it stores observation leaves without a fixed shape
             infos = vectorize_batch(self._io, records, ids, columns)
+        if "env_id" in infos:  # raised before the hand-out: the batch stays for the next recv()
+            raise ValueError(
+                "an env's infos have the key 'env_id', which recv() sets to the ids of the batch's envs in "
+                "async mode (as EnvPool does): rename that key in the env (or a wrapper), or step in "
+                "lock-step (batch_size=None), which hands it through as SyncVectorEnv does")
         infos["env_id"] = ids
         io = self._io
         result = (io.observations_at(ids), io.rewards.take(ids), io.terminations.take(ids),

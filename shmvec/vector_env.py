@@ -19,7 +19,7 @@ from shmvec._engine.cycle import IDLE, WAITING_CALL, WAITING_RESET, WAITING_STEP
 from shmvec._engine.engine import CLOSE_GRACE_S, Engine
 from shmvec._engine.env_slice import AUTORESET_CODES, COPY_FINAL_INFO_ARRAYS
 from shmvec.contract import AttributesByCall, check_sync, checked_reset_mask, seeds_for
-from shmvec.errors import ShmVecTimeoutError
+from shmvec.errors import ShmVecTimeoutError, not_picklable
 from shmvec.send_recv import SendRecv
 from shmvec.step_infos import vectorize
 
@@ -461,6 +461,9 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
                 # Closed even if an env's close() raised: the engine closed
                 # every other env and ended the workers before raising it.
                 self.closed = True
+
+    def __reduce__(self):
+        raise not_picklable(self)
 
     def _check_open(self) -> None:
         self._cycle.check_usable()

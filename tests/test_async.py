@@ -385,6 +385,46 @@ def test_large_infos_arrive_whole(caller_steps, row):
         envs.close()
 
 
+class EnvIdInfoEnv(SpacesEnv):
+    """Returns an info of its own under "env_id", the key that recv() gives
+    the batch's env ids: a number (stored in info columns) or a string (not)."""
+
+    def __init__(self, value=7):
+        super().__init__(terminate_prob=0.0, infos=False)
+        self.value = value
+
+    def reset(self, *, seed=None, options=None):
+        obs, _ = super().reset(seed=seed, options=options)
+        return obs, {}
+
+    def step(self, action):
+        obs, r, te, tr, _ = super().step(action)
+        return obs, r, te, tr, {"env_id": self.value}
+
+
+@pytest.mark.parametrize("value", [7, "mine"], ids=["column", "record"])
+@pytest.mark.parametrize("caller_steps,row", [(False, 1), (True, 0)], ids=["worker", "caller-slice"])
+def test_an_envs_own_env_id_info_is_an_error_not_overwritten(value, caller_steps, row):
+    envs = shmvec.ShmVecEnv([functools.partial(EnvIdInfoEnv, value)] * 2, batch_size=1, num_workers=1,
+                            caller_steps=caller_steps, start_method="fork")
+    try:
+        receive_resets(envs)
+        envs.send(np.zeros(1, dtype=np.int64), [row])
+        for _ in range(2):  # the batch is kept, not lost: the same error again
+            with pytest.raises(ValueError, match=r"infos have the key 'env_id'.*rename"):
+                envs.recv()
+    finally:
+        envs.close()
+    lock_step = shmvec.ShmVecEnv([functools.partial(EnvIdInfoEnv, value)] * 2, num_workers=1,
+                                 caller_steps=caller_steps, start_method="fork")
+    try:  # lock-step hands the env's own key through, as SyncVectorEnv does
+        lock_step.reset(seed=0)
+        infos = lock_step.step(np.zeros(2, dtype=np.int64))[4]
+        assert list(infos["env_id"]) == [value, value] and infos["_env_id"].all()
+    finally:
+        lock_step.close()
+
+
 def _sleeps() -> int:
     """Times this process has slept (voluntary context switches)."""
     with open("/proc/self/status") as status:

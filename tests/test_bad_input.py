@@ -442,3 +442,27 @@ def test_disabled_autoreset_refuses_stepping_finished_envs(num_workers, caller_s
         envs.step(actions)
     assert_same(envs.reset(seed=1), ref.reset(seed=1))
     step_both(envs, ref, actions)
+
+
+@pytest.mark.parametrize("front_end", ["gymnasium", "sb3"])
+def test_pickling_or_copying_a_vector_env_is_a_clear_error(front_end, closing):
+    """Its workers and shared memory are its process's: pickle, cloudpickle
+    and deepcopy say so (not that some lambda or native object inside
+    cannot be pickled), and the vector env steps on."""
+    import copy
+    import pickle
+
+    import cloudpickle
+
+    if front_end == "sb3":
+        pytest.importorskip("stable_baselines3")
+        import shmvec.sb3 as front
+    else:
+        front = shmvec
+    envs = front.ShmVecEnv([FaultEnv] * 2, num_workers=1, **FORK)
+    closing(envs)
+    envs.reset()
+    for dump in (pickle.dumps, cloudpickle.dumps, copy.deepcopy, copy.copy):
+        with pytest.raises(TypeError, match=r"cannot be pickled or copied: its worker processes"):
+            dump(envs)
+    envs.step(np.zeros(2, dtype=np.int64))

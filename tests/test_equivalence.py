@@ -347,6 +347,36 @@ def test_make_takes_make_vec_arguments(closing):
     with pytest.raises(gym.error.Error, match="Invalid id type"):
         shmvec.make(3, 2)
 
+    # make_vec's parameter names, as keywords: its first is `id`, so an env's
+    # own `env_id` keyword reaches the env
+    envs = shmvec.make(id="CartPole-v1", num_envs=2, vector_kwargs={"num_workers": 0})
+    closing(envs)
+    assert envs.spec.id == "CartPole-v1" and envs.num_envs == 2
+    gym.register(id="EnvIdKwarg-v0", entry_point=EnvIdKwargEnv)
+    try:
+        envs = shmvec.make("EnvIdKwarg-v0", num_envs=2, env_id="mine", vector_kwargs={"num_workers": 0})
+        closing(envs)
+        assert envs.get_attr("env_id") == ("mine", "mine")
+    finally:
+        del gym.registry["EnvIdKwarg-v0"]
+
+
+class EnvIdKwargEnv(gym.Env):
+    """An env whose constructor takes an `env_id` keyword."""
+
+    observation_space = spaces.Discrete(2)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, env_id=""):
+        self.env_id = env_id
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action):
+        return 0, 0.0, False, False, {}
+
 
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_make_reaches_ids_registered_at_run_time(start_method, closing):

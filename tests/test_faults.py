@@ -405,6 +405,50 @@ def test_hung_factory_times_out():
     assert elapsed < 3, f"a hung factory with timeout=0.5 took {elapsed:.1f} s to fail"
 
 
+SLOW_IMPORT_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import shmvec
+    from shmvec._engine import pool
+    from fault_envs import FaultEnv
+
+    if __name__ == "__mp_main__":  # a worker imports the script again: as slow as a script that imports torch
+        time.sleep(float(sys.argv[2]))
+
+    if __name__ == "__main__":
+        pool.START_TIMEOUT_S = float(sys.argv[3])
+        envs = shmvec.ShmVecEnv([FaultEnv] * 2, num_workers=1, caller_steps=False, start_method=sys.argv[1],
+                                timeout=0.5)
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, dtype=np.int64))
+        envs.close()
+        print("stepped", flush=True)
+""")
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_timeout_does_not_count_a_workers_start(start_method, tmp_path):
+    """`timeout` is for envs that hang. A worker started by forkserver or
+    spawn imports the main module again, and a training script's imports
+    (torch) take seconds: at least START_TIMEOUT_S for that, then
+    `timeout` for the factories and every command."""
+    script = tmp_path / "slow_import.py"
+    script.write_text(SLOW_IMPORT_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), start_method, "1.5", "60"], cwd=tmp_path,
+                          capture_output=True, text=True, env=script_env(), timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "stepped", done.stderr
+
+    start = time.monotonic()  # a start that never ends: bounded all the same
+    done = subprocess.run([sys.executable, str(script), start_method, "60", "2"], cwd=tmp_path,
+                          capture_output=True, text=True, env=script_env(), timeout=120)
+    elapsed = time.monotonic() - start
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and "stepped" not in done.stdout
+    assert last.startswith("shmvec.errors.ShmVecTimeoutError: shmvec worker 0 (envs 0..1) did not start within "
+                           "2 s"), last
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+
+
 # -- a worker that dies while it starts ----------------------------------------------
 
 UNGUARDED_SCRIPT = textwrap.dedent("""

@@ -195,13 +195,14 @@ class Engine(CommandRunner):
         factories = [_pickled_factories(env_fns, rows) for rows in self.worker_rows]
         self.pool.start(self._channel, fixed, factories, pin_workers, leave_free, busy_cpus)
         if w:
-            self._channel.post(list(range(w)), P.DESCRIBE)
+            self._channel.post(list(range(w)), P.STARTED)
 
     def _describe_and_attach(self, autoreset_code: int, reset_call: str, observation_mode: Any) -> None:
         descriptions = [self._caller.describe()] if self._caller is not None else []
         if self.num_workers:
             try:
-                replies = self.transport.collect(range(self.num_workers))
+                self.pool.wait_started()
+                replies = self.transport.request(P.DESCRIBE)
             except WorkerDiedError as exc:
                 raise WorkerDiedError.while_starting(exc, self.pool.start_method) from None
             descriptions += [P.loads(r) for r in replies]
@@ -280,10 +281,11 @@ class Engine(CommandRunner):
         for w, cause in failed:
             if self.async_mode:  # what it had in flight is lost: the front end sends it again
                 self._channel.reset_async_worker(w)
-            self._channel.post([w], P.DESCRIBE)  # before it starts: the first command it sees
+            self._channel.post([w], P.STARTED)  # before it starts: the first command it sees
             self.pool.replace(w, cause)
             try:
-                self.transport.collect([w])
+                self.pool.wait_started()
+                self.transport.request(P.DESCRIBE, None, [w])
             except Exception as exc:  # its factories raised: no reset can bring these envs back
                 self.cycle.break_(f"shmvec worker {w} was restarted ({cause}), but its envs could not be "
                                   f"rebuilt ({type(exc).__name__}: {exc}); close this vector env")

@@ -14,6 +14,7 @@ import numpy as np
 
 from shmvec import _core
 from shmvec._gym_compat import set_wrapper_attr
+from shmvec._engine.caller_state import CallerRegistrations
 from shmvec._engine.info_columns import INFO_STORAGE
 from shmvec._engine.layout import (
     ACTION_AS_GIVEN, ACTION_AS_PYTHON, DataLayout, flattener, is_single_fixed_leaf, unflattener, write_leaf_fallback,
@@ -72,12 +73,13 @@ def _action_builder(action_space, action_views, action_codes):
     return build
 
 
-def make_envs(factories, first_row: int) -> list:
-    """Calls each factory; an error names the env it was making."""
+def make_envs(factories, first_row: int, registrations: CallerRegistrations | None = None) -> list:
+    """Calls each factory; an error names the env it was making. In a
+    worker, a factory that misses an id gets the caller's `registrations`."""
     envs = []
     for row, make in enumerate(factories, start=first_row):
         try:
-            env = make()
+            env = _make(make, registrations)
         except BaseException as exc:
             exc.shmvec_row = row  # where it failed, for the error report
             raise
@@ -85,6 +87,15 @@ def make_envs(factories, first_row: int) -> list:
             raise TypeError(f"env_fns[{row}] returned {type(env).__name__}, not a gymnasium.Env")
         envs.append(env)
     return envs
+
+
+def _make(make, registrations: CallerRegistrations | None):
+    try:
+        return make()
+    except gym.error.UnregisteredEnv:
+        if registrations is None or not registrations.add_missing():
+            raise
+    return make()  # an id that the caller registered at run time: found now
 
 
 class EnvSlice:

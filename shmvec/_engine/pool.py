@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Sequence
 
 from shmvec import _core
+from shmvec._engine.caller_state import caller_environ, caller_registrations
 from shmvec._engine.cpus import choose_cpus
 from shmvec._engine.cycle import CLOSED, CommandCycle
 from shmvec._engine.system import PARENT_ONLY_FDS
@@ -29,7 +30,12 @@ from shmvec._engine.worker import CLOSE_GRACE_S, FdHandle, WorkerSpec
 from shmvec._engine.worker import main as worker_main
 from shmvec.errors import ShmVecTimeoutError, WorkerDiedError, describe_exit, describe_worker
 
-__all__ = ["WorkerPool", "CLOSE_GRACE_S", "still_pending", "live_worker_pids", "out_of_fds", "fd_limit_reached"]
+__all__ = ["WorkerPool", "CLOSE_GRACE_S", "START_TIMEOUT_S", "still_pending", "live_worker_pids", "out_of_fds",
+           "fd_limit_reached"]
+
+# With a `timeout`, a worker's process still gets at least this long to
+# start (see WorkerPool.wait_started).
+START_TIMEOUT_S = 60.0
 
 # Every pool of this process not yet collected: their workers are shmvec's
 # own, not other programs' load (system.cpus_busy_elsewhere).
@@ -140,6 +146,7 @@ class WorkerPool:
             request_capacity=REQUEST_CAPACITY, reply_capacity=REPLY_CAPACITY,
             parent_alive=FdHandle(self.fds[2]),
             start_method=self.start_method, cpu=self.cpus[k],
+            environ=caller_environ(self.start_method), registrations=caller_registrations(self.start_method),
         )
         p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=self.daemon)
         check_fds_for_a_start()
@@ -174,6 +181,22 @@ class WorkerPool:
             code = self._wait_channel(limit)
         if code < 0 and by_call:
             raise still_pending(call_timeout)
+        self.check_wait(code)
+
+    def wait_started(self) -> None:
+        """Waits for the posted workers' answer to P.STARTED: their processes
+        run shmvec's code. `timeout` is for envs that hang, and this is
+        Python's start, with the main module imported again under forkserver
+        and spawn (a training script's imports, torch's: seconds), so it gets
+        at least START_TIMEOUT_S."""
+        limit = self.timeout if self.timeout < 0 else max(self.timeout, START_TIMEOUT_S)
+        code = self._wait_channel(limit)
+        if code < 0:
+            late = ", ".join(describe_worker(w, self.worker_rows[w]) for w in self.channel.busy_workers())
+            why = (f"{late} did not start within {limit:g} s (Python's start, and under forkserver and spawn "
+                   "the import of the main module again)")
+            self.cycle.break_(f"{why}; close this vector env")
+            raise ShmVecTimeoutError(f"{why}; close() the vector env")
         self.check_wait(code)
 
     def _wait_channel(self, limit: float) -> int:

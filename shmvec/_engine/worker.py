@@ -19,6 +19,7 @@ import numpy  # noqa: F401
 
 from shmvec import _core
 from shmvec._engine import protocol as P
+from shmvec._engine.caller_state import CallerRegistrations, take_environ
 from shmvec._engine.system import close_arena_fds, pin_to_cpu
 from shmvec._engine.env_slice import EnvSlice, make_envs
 from shmvec._engine.thread_pools import hold_env_pools, hold_worker_pools
@@ -60,11 +61,15 @@ class WorkerSpec:
     parent_alive: FdHandle  # read end of a pipe only the front end writes to
     start_method: str
     cpu: int | None
+    environ: dict[str, str] | None = None  # the caller's variables, where not inherited (caller_state)
+    registrations: dict[str, bytes] | None = None  # the caller's registered specs, where not inherited
 
 
 def main(spec: WorkerSpec) -> None:
     # Ctrl-C reaches the whole process group; the front end decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.environ is not None:  # first: the pools' caps below are set in it
+        take_environ(spec.environ)
     if spec.start_method == "fork":
         # The parent-only fds are closed already (a fork hook in system.py).
         # Everything else inherited is the front end's: never finalize it
@@ -103,13 +108,19 @@ class Worker:
         self.overflow: dict[int, bytes] = {}  # async records too large for their slots
 
     def run(self) -> None:
+        command = self._next_command()
+        if command[0] == P.STARTED:  # the process runs: `timeout` counts from here (pool.wait_started)
+            self.channel.complete(P.OK)
+            command = None
+        elif command[0] == 0:  # the front end is gone
+            return
         try:
             factories = cloudpickle.loads(self.spec.factories)
-            self.slice = EnvSlice(make_envs(factories, self.spec.first_row), self.spec.first_row)
+            envs = make_envs(factories, self.spec.first_row, CallerRegistrations(self.spec.registrations))
+            self.slice = EnvSlice(envs, self.spec.first_row)
             hold_env_pools()
         except BaseException as exc:
             self.setup_error = P.RemoteError.capture(exc, getattr(exc, "shmvec_row", self.spec.first_row))
-        command = None
         while True:
             if command is None:
                 command = self._next_command()

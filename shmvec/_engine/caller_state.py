@@ -1,0 +1,85 @@
+"""What a worker started by forkserver or spawn takes from the caller, so
+that it sees what a forked one would.
+
+- **Environment variables** (forkserver): the fork server has the caller's
+  environment of when it started, with the program's first such vector
+  env; a variable set since (``MUJOCO_GL``, a run's settings) would reach
+  the caller's own slice of envs and fork's and spawn's workers, not these.
+  A worker takes the caller's variables as they are when it is started;
+  modules it imports from then on see them (the fork server has numpy and
+  gymnasium loaded already).
+- **Gymnasium ids registered at run time** (forkserver and spawn): such a
+  worker imports the main module afresh and does not run its main guard,
+  so an id registered there is not in its registry. A factory that fails
+  to find an id gets the caller's registrations that the worker lacks,
+  and is called once more. Only then: a factory that registers ids itself
+  (``gym.register_envs(ale_py)``) would otherwise be warned that it
+  overrides them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import cloudpickle
+import gymnasium as gym
+
+__all__ = ["caller_environ", "caller_registrations", "take_environ", "CallerRegistrations"]
+
+# Each registered spec pickled once: (the spec, its bytes), by id.
+_pickled_specs: dict[str, tuple[Any, bytes | None]] = {}
+
+
+def caller_environ(start_method: str) -> dict[str, str] | None:
+    """The variables to hand a worker: None where it inherits them."""
+    return dict(os.environ) if start_method == "forkserver" else None
+
+
+def take_environ(environ: dict[str, str]) -> None:
+    """This process's variables made `environ` (in a new worker)."""
+    for name in set(os.environ) - set(environ):
+        del os.environ[name]
+    os.environ.update(environ)
+
+
+def caller_registrations(start_method: str) -> dict[str, bytes] | None:
+    """The caller's registered specs, each pickled (by value where pickle
+    cannot name it: an env class of the main module), for a worker that
+    does not inherit them; a spec that cannot be pickled is left out."""
+    if start_method == "fork":
+        return None
+    pickled = {}
+    for env_id, spec in gym.registry.items():
+        cached = _pickled_specs.get(env_id)
+        if cached is None or cached[0] is not spec:
+            try:
+                data = cloudpickle.dumps(spec)
+            except Exception:
+                data = None
+            cached = _pickled_specs[env_id] = (spec, data)
+        if cached[1] is not None:
+            pickled[env_id] = cached[1]
+    return pickled
+
+
+class CallerRegistrations:
+    """In a worker, the caller's registrations, added to its own registry
+    the first time a factory misses an id."""
+
+    def __init__(self, pickled: dict[str, bytes] | None):
+        self._pickled = pickled
+
+    def add_missing(self) -> bool:
+        """Adds the caller's ids this registry lacks; True if any (once)."""
+        pickled, self._pickled = self._pickled, None
+        added = False
+        for env_id, data in (pickled or {}).items():
+            if env_id in gym.registry:
+                continue
+            try:
+                gym.registry[env_id] = cloudpickle.loads(data)
+            except Exception:  # e.g. an entry point this worker cannot import: as if not registered
+                continue
+            added = True
+        return added
