@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"%(prog)s {shmvec.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench_parser = commands.add_parser("bench", help="steps/s of shmvec and its installed peers here",
-                                       description=bench_command.__doc__.split("\n\n")[0])
+                                       description=bench_command.__doc__.split("\n\n")[0].replace("``", ""))
     bench_command.add_arguments(bench_parser)
     bench_parser.set_defaults(run=bench_command.run)
     args = parser.parse_args(argv)

@@ -120,10 +120,10 @@ class SendRecv:
         check_async(self, "recv")
         if self._handed_out is not None:  # a Ctrl-C came as the last recv() returned it
             return self._handed_out
+        if self._cycle.phase is NEEDS_RESET:  # an env raised (its error was raised once), or a step was cut short
+            raise RuntimeError(self._cycle.why)
         available = len(self._reset_ready) + int(np.count_nonzero(self._in_flight))
         if available < self.batch_size:
-            if self._cycle.phase is NEEDS_RESET:
-                raise RuntimeError(self._cycle.why)
             raise RuntimeError(
                 f"recv() needs {self.batch_size} envs in flight, but only {available} are: "
                 "send() more first (or async_reset())"

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import time
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
 from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes
 
@@ -267,6 +269,23 @@ def test_misuse_is_an_error(async_envs):
         envs.recv()
 
 
+@pytest.mark.parametrize("bad", [{"a": np.array([1, 2])}, [np.array([1, 2])]], ids=["missing-key", "not-a-dict"])
+def test_actions_without_the_spaces_structure_are_refused_as_in_lock_step(bad, closing):
+    make = functools.partial(SpacesEnv, action_space=spaces.Dict({"a": spaces.Discrete(3),
+                                                                  "b": spaces.MultiBinary(2)}))
+    lock_step = shmvec.ShmVecEnv([make] * 2, num_workers=0)
+    closing(lock_step)
+    lock_step.reset(seed=0)
+    with pytest.raises(ValueError, match="structure of the action space") as expected:
+        lock_step.step(bad)
+    envs = shmvec.ShmVecEnv([make] * 4, batch_size=2, num_workers=0)
+    closing(envs)
+    ids = receive_resets(envs)[:2]
+    with pytest.raises(ValueError, match=re.escape(str(expected.value))):
+        envs.send(bad, ids)
+    envs.send({"a": np.array([1, 2]), "b": np.ones((2, 2), np.int8)}, ids)  # nothing was sent: the envs still take it
+
+
 def test_the_callers_own_envs_keep_stepping_when_the_workers_keep_ahead(closing):
     # recv() steps the caller's own envs while too few envs have finished,
     # and at least one each call: with the worker's envs always finished
@@ -357,6 +376,9 @@ def test_env_error_in_async_step_reaches_caller(num_workers, caller_steps, row):
         assert "Traceback" in str(info.value.__cause__)  # stepped as a worker steps it: with its traceback
         with pytest.raises(RuntimeError, match="reset"):
             envs.send(np.zeros(1, dtype=np.int64), [0])
+        for _ in range(2):  # the env's error once, then what to do, as send() and lock-step say it
+            with pytest.raises(RuntimeError, match=r"an env raised during the last call.*async_reset\(\)"):
+                envs.recv()
         envs.async_reset()  # usable again
         assert len(envs.recv()[4]["env_id"]) == 1
     finally:

@@ -328,6 +328,32 @@ def test_outputs_that_cannot_be_written_are_refused_before_measuring(flag, name,
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_outputs_that_name_a_folder_or_an_unwritable_file_are_refused_before_measuring(flag, tmp_path, capsys,
+                                                                                      monkeypatch):
+    if flag == "--plot":
+        pytest.importorskip("matplotlib")
+    from shmvec.bench import passes
+
+    monkeypatch.setattr(passes, "measure_all", lambda *args: pytest.fail("measured"))
+    folder = tmp_path / "out.png"
+    folder.mkdir()
+    assert bench("shmvec.testing:NoopEnv", flag, str(folder), *FAST) == 2
+    assert "is a folder" in capsys.readouterr().err
+    if os.geteuid() == 0:  # root may write any file, but not make one in /proc
+        unwritable = "/proc/shmvec-bench-out.png"
+    else:
+        unwritable = tmp_path / "locked.png"
+        unwritable.write_text("")
+        unwritable.chmod(0o444)
+    assert bench("shmvec.testing:NoopEnv", flag, str(unwritable), *FAST) == 2
+    assert "cannot be written" in capsys.readouterr().err
+    from shmvec.bench import command
+
+    fresh = tmp_path / "fresh.png"  # writable: the check leaves no file of its own behind
+    assert command._output_problem(str(fresh), flag) is None and not fresh.exists()
+
+
 def test_a_count_named_twice_is_one_row(tmp_path):
     out = tmp_path / "out.json"
     assert bench("shmvec.testing:NoopEnv", "--num-envs", "2,2", "--backends", "sync", "--json", str(out),
@@ -583,6 +609,7 @@ def test_python_dash_m_entry_point(tmp_path):
                           cwd=tmp_path, timeout=60)
     assert done.returncode == 0
     assert "--num-envs" in done.stdout and "module:callable" in done.stdout
+    assert "``" not in done.stdout  # the docstring's markup is not for a terminal
 
 
 @pytest.mark.parametrize("flag", ["--busy-apart", "--busy-late"])

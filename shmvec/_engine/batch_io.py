@@ -204,7 +204,7 @@ class BatchIO:
         else:
             if any(v is None for v in self.action_views):
                 raise NotImplementedError("async mode needs action spaces whose leaves have fixed shapes")
-            leaves = self._flatten_actions(actions)
+            leaves = action_leaves(self._flatten_actions, actions)
         rows = []
         for k, (view, value) in enumerate(zip(self.action_views, leaves)):
             shape = (count, *view.shape[1:])

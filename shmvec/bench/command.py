@@ -92,6 +92,16 @@ def _output_problem(path: str | None, what: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         return f"{what} {path!r}: no folder {folder!r} to write it in"
+    if os.path.isdir(path):
+        return f"{what} {path!r} is a folder: name the file to write"
+    existed = os.path.exists(path)
+    try:  # what access() cannot tell (a file only root could make, in /proc): the file itself
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        return f"{what} {path!r} cannot be written: {exc.strerror or exc}"
+    if not existed:
+        os.remove(path)
     if what == "--plot":
         try:
             import matplotlib.figure
