@@ -301,7 +301,10 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         `seed` and `options` are ignored, as by AsyncVectorEnv of Gymnasium
         0.29 (whose ``VectorEnv.reset`` passes them on): give them to
         ``reset_async()``."""
-        self._cycle.check_waiting(WAITING_RESET)
+        if self._cycle.phase is not WAITING_RESET:
+            self._cycle.check_usable()  # closed or broken: that first
+            check_sync(self, "reset_wait", "async_reset")
+            self._cycle.check_waiting(WAITING_RESET)
         records = self._finish(timeout)
         mask = self._reset_mask
         if mask is None:
@@ -352,6 +355,8 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             unreturned = self._engine.unreturned_step()
             if unreturned is not None:  # a Ctrl-C came as the last step() returned it
                 return unreturned
+            self._cycle.check_usable()  # closed or broken: that first
+            check_sync(self, "step_wait", "send/recv")
             self._cycle.check_waiting(WAITING_STEP)
         # (No step in async mode: nothing to send again.) The batch is made
         # with Ctrl-C held: one then leaves it for the next step_wait().

@@ -485,7 +485,9 @@ def test_each_mode_refuses_the_other_modes_calls_with_a_clear_error(closing):
     async_envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=1, batch_size=2)
     closing(async_envs)
     for call, instead in ((lambda: async_envs.reset(), "async_reset"),
-                          (lambda: async_envs.step(np.zeros(4, dtype=np.int64)), "send/recv")):
+                          (lambda: async_envs.step(np.zeros(4, dtype=np.int64)), "send/recv"),
+                          (lambda: async_envs.reset_wait(), "async_reset"),
+                          (lambda: async_envs.step_wait(), "send/recv")):
         with pytest.raises(RuntimeError, match=f"is for synchronous stepping.*use {instead}"):
             call()
 
