@@ -192,9 +192,8 @@ class WorkerPool:
         limit = self.timeout if self.timeout < 0 else max(self.timeout, START_TIMEOUT_S)
         code = self._wait_channel(limit)
         if code < 0:
-            late = ", ".join(describe_worker(w, self.worker_rows[w]) for w in self.channel.busy_workers())
-            why = (f"{late} did not start within {limit:g} s (Python's start, and under forkserver and spawn "
-                   "the import of the main module again)")
+            why = (f"{self._describe(self.channel.busy_workers())} did not start within {limit:g} s "
+                   "(Python's start, and under forkserver and spawn the import of the main module again)")
             self.cycle.break_(f"{why}; close this vector env")
             raise ShmVecTimeoutError(f"{why}; close() the vector env")
         self.check_wait(code)
@@ -225,7 +224,7 @@ class WorkerPool:
             raise self.cycle.closed_error()
         if code < 0:
             busy = self.channel.busy_workers() if busy is None else busy
-            hung = "".join(f", {describe_worker(w, self.worker_rows[w])}" for w in busy)
+            hung = f", {self._describe(busy)}" if busy else ""
             self.cycle.break_(
                 f"a shmvec command timed out after {self.timeout} s; the vector env can only be closed")
             raise ShmVecTimeoutError(
@@ -238,6 +237,10 @@ class WorkerPool:
         error = WorkerDiedError(worker, self.worker_rows[worker], p.exitcode)
         self.cycle.break_(str(error))
         raise error
+
+    def _describe(self, workers: list[int]) -> str:
+        """"shmvec worker 0 (envs 0..3), shmvec worker 1 (envs 4..7)"."""
+        return ", ".join(describe_worker(w, self.worker_rows[w]) for w in workers)
 
     def exit_cause(self, w: int) -> str:
         p = self.processes[w]
