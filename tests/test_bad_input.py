@@ -87,6 +87,8 @@ BAD_ACTIONS = {
         ("three items", (np.zeros(N, np.int64), np.zeros((N, 2), np.float32), np.zeros(N)), ValueError, ""),
         ("dict", {"0": np.zeros(N, np.int64)}, ValueError, ""),
         ("bad second item", (np.ones(N, np.int64), np.zeros((N, 3), np.float32)), ValueError, "shape"),
+        # as many per-env tuples as the space has items: each taken for one item's batch, ragged
+        ("per-env tuples", [(0, np.zeros(2, np.float32))] * len(TUPLE_ACTIONS), ValueError, "one batch per item"),
         ("float first item", (np.zeros(N), np.zeros((N, 2), np.float32)), TypeError, "dtype"),
     ]),
 }

@@ -574,6 +574,16 @@ def test_async_batch_adds_the_shmvec_async_row(tmp_path, capsys):
     assert "skipping shmvec-async at envs <= --async-batch 2" in capsys.readouterr().err
 
 
+def test_nothing_to_measure_is_said_before_the_limit_is_measured(capsys):
+    # Every count is at most --async-batch: no run is left, so the limit is not worth measuring.
+    assert bench("shmvec.testing:NoopEnv", "--num-envs", "2,4", "--backends", "shmvec-async",
+                 "--async-batch", "4", *FAST) == 1
+    err = capsys.readouterr().err
+    assert "skipping shmvec-async at envs <= --async-batch 4" in err
+    assert "nothing could be measured" in err
+    assert "plain loops at once" not in err
+
+
 def test_atari_without_ale_py_is_skipped(monkeypatch, capsys):
     hide_package(monkeypatch, "ale_py")
     assert bench("--env", "ALE/Pong-v5", "--atari", "--backends", "sync", "--num-envs", "2", *FAST) == 1

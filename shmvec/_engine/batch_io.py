@@ -46,7 +46,12 @@ def checked_leaf_batch(value: Any, shape: tuple[int, ...], dtype: np.dtype, what
     MultiBinary's too, whose contains() takes 0s and 1s of any dtype), and
     SyncVectorEnv hands each env its row as it is. A Discrete's or
     MultiDiscrete's floats are refused: their contains() refuses them."""
-    array = value if type(value) is np.ndarray else np.asarray(value)
+    try:
+        array = value if type(value) is np.ndarray else np.asarray(value)
+    except ValueError:  # ragged, as per-env items given for one leaf of a Tuple or Dict batch
+        raise ValueError(f"{what} must be a batch of shape {shape} ({shape[0]} envs), got a ragged sequence "
+                         f"that is no array; a Tuple or Dict space's batch holds one batch per item "
+                         f"(as gymnasium's create_empty_array), not one item per env") from None
     if array.ndim == 0:  # as SyncVectorEnv, which cannot iterate over it
         raise TypeError(f"{what} must be a batch of shape {shape} ({shape[0]} envs), got the scalar {value!r}")
     if array.shape != shape:
