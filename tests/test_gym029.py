@@ -149,11 +149,18 @@ def test_spaces_given_as_keywords_must_equal_the_envs(name, other):
     fns = cartpoles()
     with pytest.raises(RuntimeError) as expected:
         SyncVectorEnv(fns, **{name: other})
-    before = multiprocessing.active_children()
+    before = child_pids()
     with pytest.raises(RuntimeError) as got:
         shmvec.ShmVecEnv(fns, **{name: other}, **FORK)
     assert str(got.value) == str(expected.value)
-    assert multiprocessing.active_children() == before
+    assert child_pids() == before
+
+
+def child_pids() -> set[int]:
+    """A set: active_children() lists a set's members, in an order that can
+    change as others come and go (a test that reaps its workers itself leaves
+    multiprocessing entries it cannot poll)."""
+    return {process.pid for process in multiprocessing.active_children()}
 
 
 def test_sb3_front_end_works(closing):
