@@ -193,12 +193,13 @@ class _Progress:
 
 def measure_all(specs: list[str], jobs: list[tuple], args: argparse.Namespace,
                 notes: list[str]) -> tuple[dict[str, list[dict]], dict[tuple, list[dict]]]:
-    """`args.passes` interleaved passes: in each, the limit of every env, then
+    """`args.passes` interleaved passes: in each, the limit of every env a job steps, then
     every job, each in fresh processes, with `args.busy` hogs running (with
     `args.busy_late`, a vector env's only once it has been made and warmed up). A
     failure becomes a note, not the end of the run, and is not retried.
     Returns the limit measurements of each env and the results of each job,
     one per pass that succeeded."""
+    specs = [spec for spec in specs if any(job[0] == spec for job in jobs)]  # a limit only where a job needs it
     progress = _Progress(args.passes * (len(specs) + len(jobs)))
     for note in notes:
         progress.note(note)
