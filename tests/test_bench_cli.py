@@ -534,7 +534,7 @@ def test_policy_device_must_be_one_torch_has(device, why):
 
 def test_policy_device_needs_a_policy(capsys):
     assert bench("CartPole-v1", "--policy-device", "cuda", "--backends", "sync", *FAST) == 2
-    assert "--policy-device needs --policy mlp" in capsys.readouterr().err
+    assert "--policy-device needs --policy mlp or cnn" in capsys.readouterr().err
 
 
 def test_mlp_policy_acts_in_box_and_discrete_spaces():
@@ -549,6 +549,40 @@ def test_mlp_policy_acts_in_box_and_discrete_spaces():
     assert actions.shape == (5,) and set(actions) <= {0, 1, 2}
     with pytest.raises(ValueError, match="needs a Box observation space"):  # (Blackjack's: a TypeError deep in it)
         measure.mlp_policy(spaces.Tuple((spaces.Discrete(3), spaces.Discrete(2))), spaces.Discrete(2))
+
+
+def test_cnn_policy_acts_on_images_channels_first_or_last():
+    pytest.importorskip("torch")
+    from gymnasium import spaces
+
+    for shape in [(4, 84, 84), (84, 84, 4), (1, 36, 40)]:
+        actions = measure.cnn_policy(spaces.Box(0, 255, shape, np.uint8), spaces.Discrete(6))(
+            np.full((3, *shape), 7, np.uint8))
+        assert actions.shape == (3,) and set(actions) <= set(range(6))
+    with pytest.raises(ValueError, match="needs image observations"):
+        measure.cnn_policy(spaces.Box(-1, 1, (17,)), spaces.Discrete(2))
+    with pytest.raises(ValueError, match="needs image observations"):  # too small for its convolutions
+        measure.cnn_policy(spaces.Box(0, 255, (4, 20, 20), np.uint8), spaces.Discrete(2))
+    with pytest.raises(ValueError, match="needs a Discrete action space"):
+        measure.cnn_policy(spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Box(-1, 1, (2,)))
+
+
+def test_policy_cnn(tmp_path, capsys):
+    pytest.importorskip("torch")
+    out = tmp_path / "out.json"
+    assert bench("shmvec.testing:ImageEnv", "--num-envs", "4", "--backends", "shmvec,sync", "--policy", "cnn",
+                 "--workers", "1", "--json", str(out), *FAST) == 0
+    assert "policy: CleanRL's Atari CNN" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["settings"]["policy"] == "cnn"
+    for r in report["results"]:
+        assert r["steps_per_s"] > 0 and r["torch_threads"] >= 1
+
+
+def test_policy_cnn_needs_images(capsys):
+    pytest.importorskip("torch")
+    assert bench("CartPole-v1", "--num-envs", "2", "--backends", "sync", "--policy", "cnn", *FAST) == 1
+    assert "--policy cnn needs image observations" in capsys.readouterr().err
 
 
 def hide_package(monkeypatch, package: str) -> None:

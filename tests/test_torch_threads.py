@@ -637,3 +637,79 @@ def test_the_trial_runs_again_and_follows_a_change(monkeypatch):
     # Tried again, then held for AGAIN gaps, then tried again.
     tried = list(range(again, again + 10 * trials, 20))
     assert gave[len(first):] == tried + [n + 10 * (trials + 10) for n in tried]
+
+
+# Torch's OpenMP runtime (libgomp) keeps each helper thread of a parallel op
+# spinning for about 5 ms after the op ends. Where torch runs more threads
+# than the CPUs the workers leave (given back for a long gap, such as a CNN's
+# forward pass, or set so), those helpers spin on the workers' CPUs through
+# the step after the policy: 8 Pongs stepped up to 1.7x slower so with a CNN
+# policy at torch's 2 threads on 2 vCPUs (0.93-1.07x SyncVectorEnv). So a
+# command that begins then ends the caller's idle helpers first
+# (omp_pause_resource_all; the next parallel op starts them again), where
+# timing both ways finds that faster (HelperTrial, which starts with it).
+HELPERS = """
+        import os
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+        torch.set_num_threads(MANY)
+        START
+        x = torch.ones(4_000_000)
+        ended, again = [], []
+        for _ in range(4):
+            x.add_(1)  # a parallel op at torch's count: OpenMP's helpers run it, then idle
+            with_helpers = threads()
+            STEP
+            ended.append(threads() < with_helpers)
+        x.add_(1)  # the next op starts them again
+        seen["again"] = threads() == with_helpers
+        seen["ended"] = ended
+        seen["torch"] = torch.get_num_threads()
+        envs.close()
+"""
+HELPER_CASES = {
+    # an explicit count over the free CPUs
+    "explicit": ("envs = make(torch_threads=MANY)\n        envs.reset(seed=0)",
+                 "envs.step(envs.action_space.sample())"),
+    # "auto" after a long gap at every step gave torch its threads back
+    "given-back": ("envs = make()\n        envs.reset(seed=0)\n        import time\n        for _ in range(40):\n"
+                   "            time.sleep(0.005)\n            envs.step(envs.action_space.sample())",
+                   "envs.step(envs.action_space.sample())"),
+    "async": ("envs = make(torch_threads=MANY, batch_size=1)\n        envs.async_reset(seed=0)\n"
+              '        ids = envs.recv()[-1]["env_id"]',
+              'envs.send(envs.action_space.sample()[:1], ids); ids = envs.recv()[-1]["env_id"]'),
+}
+
+
+@pytest.mark.parametrize("case", HELPER_CASES)
+def test_commands_end_torchs_idle_openmp_helpers_that_would_take_the_workers_cpus(tmp_path, case):
+    start, step = HELPER_CASES[case]
+    result = run(HELPERS.replace("START", start).replace("STEP", step), tmp_path)
+    assert result["torch"] > result["FREE"]
+    assert any(result["ended"]), result["ended"]
+    assert result["again"]
+
+
+def test_torch_threads_none_leaves_its_openmp_helpers_alone(tmp_path):
+    result = run(HELPERS.replace("START", "envs = make(torch_threads=None)\n        envs.reset(seed=0)").replace(
+        "STEP", "envs.step(envs.action_space.sample())"), tmp_path)
+    assert not any(result["ended"])
+
+
+@pytest.mark.parametrize("faster", [True, False], ids=["ended-faster", "kept-faster"])
+def test_the_helpers_are_ended_only_where_timing_both_ways_finds_it_faster(monkeypatch, faster):
+    from shmvec._engine import torch_threads
+
+    now = [0]
+    monkeypatch.setattr(torch_threads.time, "perf_counter_ns", lambda: now[0])
+    trial = torch_threads.HelperTrial()
+    TRIALS, AGAIN = trial.TRIALS, trial.AGAIN
+    ends = []
+    for _ in range(2 * TRIALS + AGAIN + 2):
+        end = trial.end_now()
+        ends.append(end)
+        now[0] += 5_000_000 if end == faster else 8_000_000  # the cycle: the step and the policy's time
+    tried = 2 * TRIALS
+    assert ends[:tried] == [True, False] * TRIALS  # timed both ways, alternately
+    assert ends[tried:tried + AGAIN] == [faster] * AGAIN  # then the faster way
+    assert ends[tried + AGAIN:] == [True, False]  # and the trial runs again

@@ -54,6 +54,7 @@ class AsyncSteps:
         # recv() to the next send(): an update in either may get torch's
         # threads back (see torch_threads.GapJudge).
         self._torch_threads = torch_threads
+        self._away = False  # the caller's time away under way (torch's idle helpers are ended as it ends)
         self._pool = engine.pool
         self._channel = engine.pool.channel
         self._info = engine.info_columns
@@ -138,12 +139,16 @@ class AsyncSteps:
     def _caller_returns(self) -> None:
         """The caller's time away since its last send() (or recv()) ends (a
         recv() may call this twice: the second finds no time away under way)."""
+        if self._away:
+            self._away = False
+            self._torch_threads.end_idle_helpers()
         judge = self._torch_threads.judge
         if judge is not None:
             judge.command_begins(True)
 
     def caller_leaves(self) -> None:
         """A send() or recv() returns: the caller's time away starts."""
+        self._away = True
         judge = self._torch_threads.judge
         if judge is not None:
             judge.step_returns()

@@ -111,6 +111,7 @@ class CommandRunner:
         cycle = self.cycle
         if cycle.phase is not IDLE and cycle.phase is not NEEDS_RESET:
             cycle.check_idle(f"{phase.value}_async")  # raises, changing nothing: another call is pending
+        self._torch_threads.end_idle_helpers()  # (before the judge may lower torch's count again)
         judge = self._torch_threads.judge  # set while torch's threads wait on how long the policy takes
         if judge is not None:
             judge.command_begins(code == P.STEP)

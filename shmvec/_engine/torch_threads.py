@@ -55,9 +55,10 @@ import time
 
 from shmvec import _core
 from shmvec._engine.system import usable_cpus
+from shmvec._engine.thread_pools import end_idle_openmp_helpers
 from shmvec.errors import warn_performance
 
-__all__ = ["GapJudge", "TorchThreads", "check_setting", "determinism_asked"]
+__all__ = ["GapJudge", "HelperTrial", "TorchThreads", "check_setting", "determinism_asked"]
 
 _told = False  # one warning a process
 _told_gaps = False  # and one when foreseen gaps get torch's threads
@@ -228,6 +229,50 @@ class GapJudge:
         return give
 
 
+class HelperTrial:
+    """Whether ending torch's idle OpenMP helpers as each command begins
+    pays, where torch runs more threads than the CPUs the workers leave at
+    every gap (given back for good, or set so). It pays where the workers'
+    share of a step is long (a CNN policy beside 8 Pongs on 2 vCPUs: the
+    loop 1.09-1.62x SyncVectorEnv, 0.87-1.19x before), and may not where it
+    is short: the next parallel op starts the helpers again (a 256-256
+    MLP's update at 2 threads took 2-5% longer after each pause). So it is
+    timed both ways: `TRIALS` cycles (a command and the caller's time until
+    the next) with the helpers ended and as many without, alternately; the
+    faster way holds for the next `AGAIN` commands, and then the trial runs
+    again. Ending them changes no numbers."""
+
+    TRIALS = 8
+    AGAIN = 200
+    GAIN = 0.97  # ended only if their cycles' median is under this share of the others'
+
+    def __init__(self):
+        self._cycles: dict[bool, list[int]] = {True: [], False: []}  # ns, by helpers ended
+        self._cycle: tuple[int, bool] | None = None  # the one under way: its start, helpers ended
+        self._choice: bool | None = None  # None while timing
+        self._since = 0  # commands since the choice
+
+    def end_now(self) -> bool:
+        """A command begins: whether to end the helpers for it."""
+        now = time.perf_counter_ns()
+        if self._choice is not None:
+            self._since += 1
+            if self._since < self.AGAIN:
+                return self._choice
+            self._choice, self._cycles = None, {True: [], False: []}
+        cycle, self._cycle = self._cycle, None
+        ended, kept = self._cycles[True], self._cycles[False]
+        if cycle is not None:
+            self._cycles[cycle[1]].append(now - cycle[0])
+        if len(ended) == len(kept) == self.TRIALS:
+            self._choice = statistics.median(ended) < self.GAIN * statistics.median(kept)
+            self._since = 0
+            return self._choice
+        end = len(ended) <= len(kept)
+        self._cycle = (now, end)
+        return end
+
+
 def determinism_asked(torch) -> bool:
     """Whether the user asked torch for reproducible numbers:
     ``torch.use_deterministic_algorithms(True)``, or cuDNN's deterministic
@@ -273,6 +318,10 @@ class TorchThreads:
         self._idle_workers = worker_processes if idle_workers is None else idle_workers
         self._lock_step = lock_step
         self._holding = False
+        # The CPUs the workers leave torch while this env is open, if it has
+        # workers and torch_threads is not None.
+        self._free: int | None = None
+        self._helper_trial = HelperTrial()
         self._seen_torch = False
         self._fixed = False  # "auto" with torch's determinism asked for when it looked
         # Set while "auto" holds torch below its own count because of the
@@ -309,6 +358,8 @@ class TorchThreads:
                            f"torch.set_num_threads({free}) while stepping, "
                            'or leave torch_threads="auto" (the default) to let shmvec do it.')
             return
+        if worker_processes:
+            self._free = free
         target = free if setting == "auto" else setting
         if _Lowered.holders == 0:
             # "auto" only lowers: fewer threads than the free CPUs are the user's choice.
@@ -336,6 +387,21 @@ class TorchThreads:
             decide = self._judged if self._lock_step else (lambda gap_ns: None)
             self.judge = GapJudge(decide, self._give_for_gap, self._hold_after_gap, self._chose,
                                   batch_steps=1 if self._lock_step else 2)
+
+    def end_idle_helpers(self) -> None:
+        """As a command begins, before the workers get it: where torch runs
+        more threads than the CPUs the workers leave, ends the OpenMP helpers
+        that the policy's last op left spinning, which would otherwise take
+        the workers' CPUs through the step. After a foreseen gap (an update)
+        always: once a rollout, and the helpers would spin into its first
+        steps. Where torch runs more threads at every gap, as `HelperTrial`
+        finds faster. A CNN policy (CleanRL's Atari agent) at torch's 2
+        threads beside 8 Pongs on 2 vCPUs: the step took 5.6-9.6 ms with
+        them, 3.4-5.7 ms without (docs/performance.md)."""
+        if self._free is None or sys.modules["torch"].get_num_threads() <= self._free:
+            return
+        if (_Lowered.shown or 0) > (_Lowered.set_to or 0) or self._helper_trial.end_now():
+            end_idle_openmp_helpers()
 
     def _unheld(self) -> int:
         """Torch's own count, up to the CPUs other programs leave (all, where
@@ -396,6 +462,7 @@ class TorchThreads:
     def release(self) -> None:
         """Gives torch its threads back when the last env holding them goes,
         unless the user has set them since."""
+        self._free = None
         if not self._holding:
             return
         self._holding = False

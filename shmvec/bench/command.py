@@ -142,10 +142,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--passes", type=_count, default=DEFAULT_PASSES, metavar="P",
                         help="interleaved passes over all configurations, each in a fresh process; "
                              f"the table shows medians and min-max (default: {DEFAULT_PASSES})")
-    parser.add_argument("--policy", choices=["mlp"], default=None,
-                        help="a small torch MLP (obs -> 64 -> 64 -> actions) picks every batch's actions "
-                             "from the observations inside the timed loop, at torch's default threads (shmvec's "
-                             "torch_threads=\"auto\" lowers them while its env is open)")
+    parser.add_argument("--policy", choices=["mlp", "cnn"], default=None,
+                        help="a torch policy picks every batch's actions from the observations inside the timed "
+                             "loop, at torch's default threads (shmvec's torch_threads=\"auto\" manages them while "
+                             "its env is open): mlp, a small MLP (obs -> 64 -> 64 -> actions); cnn, CleanRL's Atari "
+                             "CNN, for image observations (such as --atari's)")
     parser.add_argument("--policy-device", default="cpu", metavar="DEVICE",
                         help="the torch device the --policy runs on, such as cuda or cuda:1 (default: cpu); "
                              "observations go to it and actions come back every batch, as in training")
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --atari takes ALE ids (such as ALE/Pong-v5)", file=sys.stderr)
         return 2
     if args.policy_device != "cpu" and not args.policy:
-        print("error: --policy-device needs --policy mlp", file=sys.stderr)
+        print("error: --policy-device needs --policy mlp or cnn", file=sys.stderr)
         return 2
     if (args.busy_apart or args.busy_late) and not args.busy:
         print("error: --busy-apart and --busy-late need --busy N", file=sys.stderr)

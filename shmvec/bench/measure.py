@@ -27,8 +27,8 @@ from shmvec.bench.peers import env_factory, single_action_space
 from shmvec.bench.printed import PrintedFolder
 
 __all__ = ["action_batches", "plain_envs", "step_for", "warmup_seconds", "vector_rate", "async_rate", "mlp_policy",
-           "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "proc_field", "FreshProcess",
-           "isolated"]
+           "cnn_policy", "plain_step", "single_env_rate", "concurrent_limit", "Hogs", "tree_memory", "proc_field",
+           "FreshProcess", "isolated"]
 
 # Actions are made beforehand and cycled through, so that making them costs
 # nothing in the timed loop. The cycle is long: a short one (it was 64
@@ -161,6 +161,47 @@ def mlp_policy(observation_space, action_space, hidden: int = 64, device: str = 
             return torch.multinomial(torch.softmax(out, dim=-1), 1).squeeze(1).cpu().numpy()
         actions = torch.clamp(out + torch.randn_like(out), low, high)
         return actions.reshape(len(obs), *action_space.shape).cpu().numpy().astype(action_space.dtype)
+
+    return policy
+
+
+def cnn_policy(observation_space, action_space, device: str = "cpu") -> Callable[[Any], Any]:
+    """CleanRL's Atari agent (ppo_atari.py: the Nature DQN convolutions, then
+    512 units, on observations / 255) picking a batch of actions, sampled
+    from its logits. For images, channels first (Gymnasium's Atari pipeline
+    gives 4 x 84 x 84) or last where that dimension is the smallest, as
+    SB3 tells them. Torch keeps its default threads: its forward pass takes
+    milliseconds on a CPU, and needs them."""
+    import numpy as np
+    import torch
+
+    from gymnasium import spaces
+
+    shape = tuple(getattr(observation_space, "shape", None) or ())
+    if len(shape) != 3:
+        shape = (0, 0, 0)  # (refused below)
+    last = shape[2] < min(shape[:2])  # channels last
+    channels, height, width = (shape[2], *shape[:2]) if last else shape
+    if not isinstance(observation_space, spaces.Box) or min(height, width) < 36:
+        raise ValueError("--policy cnn needs image observations, at least 36 x 36 (such as --atari's 4 x 84 x 84), "
+                         f"got {observation_space}")
+    if not isinstance(action_space, spaces.Discrete):
+        raise ValueError(f"--policy cnn needs a Discrete action space, got {action_space}")
+    nn = torch.nn
+    torch.manual_seed(0)
+    convolutions = nn.Sequential(nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2),
+                                 nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+    with torch.no_grad():
+        features = convolutions(torch.zeros(1, channels, height, width)).shape[1]
+    net = nn.Sequential(convolutions, nn.Linear(features, 512), nn.ReLU(),
+                        nn.Linear(512, int(action_space.n))).to(device)
+
+    @torch.inference_mode()
+    def policy(obs):
+        x = torch.as_tensor(np.asarray(obs), device=device).float() / 255.0
+        if last:
+            x = x.permute(0, 3, 1, 2)
+        return torch.multinomial(torch.softmax(net(x), dim=-1), 1).squeeze(1).cpu().numpy()
 
     return policy
 

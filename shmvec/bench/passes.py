@@ -11,7 +11,7 @@ import warnings
 
 from shmvec._engine.system import usable_cpus
 from shmvec.errors import PerformanceWarning
-from shmvec.bench.measure import (Hogs, async_rate, concurrent_limit, isolated, mlp_policy, tree_memory,
+from shmvec.bench.measure import (Hogs, async_rate, concurrent_limit, isolated, mlp_policy, cnn_policy, tree_memory,
                                   vector_rate)
 from shmvec.bench.peers import PEERS, build, single_action_space, workload_missing
 from shmvec.bench.printed import take_printed
@@ -19,6 +19,7 @@ from shmvec.bench.printed import take_printed
 __all__ = ["shmvec_options", "in_atari_pipeline", "measure_once", "plan", "measure_all"]
 
 TORCH_INSTALL = 'pip install "torch==2.13.0"'
+POLICIES = {"mlp": mlp_policy, "cnn": cnn_policy}  # --policy
 
 
 def shmvec_options(args: argparse.Namespace) -> dict:
@@ -72,7 +73,7 @@ def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: d
     Hogs (count, own_sessions) that start after the warm-up, once the
     vector env has been made and has stepped."""
     options = options or {}
-    if policy == "mlp":
+    if policy:
         import torch  # before the envs, as a training script imports it at the top
 
     with warnings.catch_warnings(record=True) as caught:
@@ -85,9 +86,9 @@ def measure_once(peer: str, spec: str, num_envs: int, seconds: float, options: d
         if told:
             extra["performance_warnings"] = told
         pick = None
-        if policy == "mlp":
+        if policy:
             observation_space = getattr(envs, "single_observation_space", None) or envs.observation_space
-            pick = mlp_policy(observation_space, single_action_space(envs), device=policy_device)
+            pick = POLICIES[policy](observation_space, single_action_space(envs), device=policy_device)
             extra.update(torch_threads=torch.get_num_threads(), policy_device=policy_device)
         if options.get("batch_size", num_envs) < num_envs:
             rate = async_rate(envs, seconds, pick, hogs.__enter__)
@@ -125,11 +126,11 @@ def plan(specs: list[str], args: argparse.Namespace) -> tuple[list[str], list[tu
     """The envs to measure, the (env, backend, num_envs) runs to do, and
     notes on those skipped."""
     notes = []
-    if args.policy == "mlp" and importlib.util.find_spec("torch") is None:
-        return [], [], [f"skipping --policy mlp: torch is not installed ({TORCH_INSTALL})"]
+    if args.policy and importlib.util.find_spec("torch") is None:
+        return [], [], [f"skipping --policy {args.policy}: torch is not installed ({TORCH_INSTALL})"]
     missing_device = args.policy and _device_missing(args.policy_device)
     if missing_device:
-        return [], [], [f"skipping --policy mlp: {missing_device}"]
+        return [], [], [f"skipping --policy {args.policy}: {missing_device}"]
     ready = []
     for spec in specs:
         missing = workload_missing(spec, in_atari_pipeline(args, spec))

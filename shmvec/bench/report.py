@@ -116,7 +116,9 @@ def table(rows: list[dict], limits: dict[str, dict], args: argparse.Namespace, c
     ]
     threads = {r["torch_threads"] for r in rows if "torch_threads" in r}
     if args.policy:
-        lines.append(f"policy: a torch MLP (obs -> 64 -> 64 -> actions) on {args.policy_device} picks the actions "
+        net = ("a torch MLP (obs -> 64 -> 64 -> actions)" if args.policy == "mlp"
+               else "CleanRL's Atari CNN (3 convolutions, 512 units)")
+        lines.append(f"policy: {net} on {args.policy_device} picks the actions "
                      f"in the timed loop, torch threads {','.join(map(str, sorted(threads)))} (torch's default, or what shmvec's "
                      "torch_threads=\"auto\" set while its env was open); the limit has none.")
     if args.busy:
