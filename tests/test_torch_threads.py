@@ -643,8 +643,9 @@ def test_the_trial_runs_again_and_follows_a_change(monkeypatch):
 # spinning for about 5 ms after the op ends. Where torch runs more threads
 # than the CPUs the workers leave (given back for a long gap, such as a CNN's
 # forward pass, or set so), those helpers spin on the workers' CPUs through
-# the step after the policy: 8 Pongs stepped up to 1.7x slower so with a CNN
-# policy at torch's 2 threads on 2 vCPUs (0.93-1.07x SyncVectorEnv). So a
+# the step after the policy: with a CNN policy at torch's 2 threads on 2
+# vCPUs, 8 Pongs stepped in 5.6-9.6 ms so, 3.4-5.7 ms without them (the loop
+# 0.87-1.19x SyncVectorEnv, 1.09-1.62x without). So a
 # command that begins then ends the caller's idle helpers first
 # (omp_pause_resource_all; the next parallel op starts them again), where
 # timing both ways finds that faster (HelperTrial, which starts with it).
@@ -655,7 +656,7 @@ HELPERS = """
         torch.set_num_threads(MANY)
         START
         x = torch.ones(4_000_000)
-        ended, again = [], []
+        ended = []
         for _ in range(4):
             x.add_(1)  # a parallel op at torch's count: OpenMP's helpers run it, then idle
             with_helpers = threads()
