@@ -49,6 +49,7 @@ The foreseen gaps' trials, whose margin is a few percent, are left out.
 from __future__ import annotations
 
 import collections
+import functools
 import statistics
 import sys
 import time
@@ -77,22 +78,66 @@ class _Lowered:
     timed = False  # one env's engine times the gaps between steps (a GapJudge): the others do not
 
 
+class _Trial:
+    """Times a choice both ways: `trials` cycles (from one choice to the
+    next) run the new way and as many the old, alternately. The new way
+    then holds for the next `again` cycles only if its cycles' median was
+    under `GAIN` times the others'; after them the trial runs again (a
+    choice made in a noisy stretch does not last). `chosen` hears the two
+    medians."""
+
+    GAIN = 0.97
+
+    __slots__ = ("_trials", "_again", "_chosen", "_cycles", "_cycle", "_choice", "_since")
+
+    def __init__(self, trials: int, again: int, chosen=lambda new_ns, old_ns: None):
+        self._trials, self._again, self._chosen = trials, again, chosen
+        self._start()
+
+    def _start(self) -> None:
+        self._cycles: dict[bool, list[int]] = {True: [], False: []}  # ns, by the way each ran (new: True)
+        self._cycle: tuple[int, bool] | None = None  # the one under way: its start, its way
+        self._choice: bool | None = None  # None while timing
+        self._since = 0  # cycles since the choice
+
+    def new_way(self, now: int) -> bool:
+        """A cycle ends and the next begins at `now`: whether it runs the new way."""
+        if self._choice is not None:
+            self._since += 1
+            if self._since < self._again:
+                return self._choice
+            self._start()
+        cycle, self._cycle = self._cycle, None
+        if cycle is not None:
+            self._cycles[cycle[1]].append(now - cycle[0])
+        new, old = self._cycles[True], self._cycles[False]
+        if len(new) == len(old) == self._trials:
+            new_ns, old_ns = statistics.median(new), statistics.median(old)
+            self._choice = new_ns < self.GAIN * old_ns
+            self._chosen(new_ns, old_ns)
+            return self._choice
+        way = len(new) <= len(old)
+        self._cycle = (now, way)
+        return way
+
+    def runs(self, new: bool) -> None:
+        """The cycle begun runs the new way or not, whatever `new_way` said
+        (torch set by the user since, or another series gave its threads):
+        one that runs the other way is not timed."""
+        if self._cycle is not None and self._cycle[1] != new:
+            self._cycle = None
+
+
 class _Series:
     """Long gaps foreseen every `period` steps, and the trial of torch's
-    threads for them."""
+    threads for them (the new way: given back)."""
 
-    __slots__ = ("period", "missed", "cycles", "cycle", "give", "since")
+    __slots__ = ("period", "missed", "trial")
 
-    def __init__(self, period: int):
+    def __init__(self, period: int, trial: _Trial):
         self.period = period
         self.missed = 0  # foreseen gaps in a row that were not long
-        self.try_again()
-
-    def try_again(self) -> None:
-        self.cycles: dict[bool, list[int]] | None = {True: [], False: []}  # ns, by threads given; None once chosen
-        self.cycle: tuple[int, bool] | None = None  # the one under way: its start, threads given
-        self.give = False  # chosen: torch's threads for every gap
-        self.since = 0  # gaps since the choice
+        self.trial = trial
 
 
 class GapJudge:
@@ -131,7 +176,6 @@ class GapJudge:
     KEPT = 8  # the last long gaps looked at for a period
     SERIES = 4  # at most this many foreseen at once
     TRIALS = 3  # cycles timed with torch's threads back, and as many without
-    GAIN = 0.97  # threads back for good only if their cycles' median is under this share of the others'
     AGAIN = 100  # gaps of a series after which its trial runs again (a choice made in a noisy stretch does not last)
 
     def __init__(self, decide, give=lambda: False, hold=lambda: None, chosen=lambda period, given, held: None,
@@ -190,7 +234,8 @@ class GapJudge:
         for m in sorted(earlier, reverse=True):  # the shortest period first
             period = n - m
             if m - period in earlier and period not in periods and len(periods) < self.SERIES:
-                self._due.setdefault(n + period, []).append(_Series(period))
+                trial = _Trial(self.TRIALS, self.AGAIN, functools.partial(self._chosen, period))
+                self._due.setdefault(n + period, []).append(_Series(period, trial))
                 return
 
     def step_returns(self) -> None:
@@ -200,33 +245,10 @@ class GapJudge:
             self._foreseen = due
             if self._gaps is None:  # `decide` has had its median: a loop whose every gap is long got them for good
                 now = time.perf_counter_ns()
-                self._given = any([self._gives(series, now) for series in due]) and self._give()
+                self._given = any([series.trial.new_way(now) for series in due]) and self._give()
                 for series in due:
-                    if series.cycle is not None and series.cycle[1] != self._given:
-                        series.cycle = None  # torch set by the user since, or another series gives: no trial
+                    series.trial.runs(self._given)
         self._left_ns = time.perf_counter_ns()
-
-    def _gives(self, series: _Series, now: int) -> bool:
-        """Whether torch's threads go back for `series`' gap that comes now
-        (a cycle of its trial ends, and another begins)."""
-        cycles = series.cycles
-        if cycles is None:
-            series.since += 1
-            if series.since < self.AGAIN:
-                return series.give
-            series.try_again()
-            cycles = series.cycles
-        if series.cycle is not None:
-            start, given = series.cycle
-            cycles[given].append(now - start)
-        if len(cycles[False]) == len(cycles[True]) == self.TRIALS:
-            given, held = statistics.median(cycles[True]), statistics.median(cycles[False])
-            series.cycles, series.cycle, series.give = None, None, given < self.GAIN * held
-            self._chosen(series.period, given, held)
-            return series.give
-        give = len(cycles[True]) <= len(cycles[False])
-        series.cycle = (now, give)
-        return give
 
 
 class HelperTrial:
@@ -244,33 +266,13 @@ class HelperTrial:
 
     TRIALS = 8
     AGAIN = 200
-    GAIN = 0.97  # ended only if their cycles' median is under this share of the others'
 
     def __init__(self):
-        self._cycles: dict[bool, list[int]] = {True: [], False: []}  # ns, by helpers ended
-        self._cycle: tuple[int, bool] | None = None  # the one under way: its start, helpers ended
-        self._choice: bool | None = None  # None while timing
-        self._since = 0  # commands since the choice
+        self._trial = _Trial(self.TRIALS, self.AGAIN)
 
     def end_now(self) -> bool:
         """A command begins: whether to end the helpers for it."""
-        now = time.perf_counter_ns()
-        if self._choice is not None:
-            self._since += 1
-            if self._since < self.AGAIN:
-                return self._choice
-            self._choice, self._cycles = None, {True: [], False: []}
-        cycle, self._cycle = self._cycle, None
-        ended, kept = self._cycles[True], self._cycles[False]
-        if cycle is not None:
-            self._cycles[cycle[1]].append(now - cycle[0])
-        if len(ended) == len(kept) == self.TRIALS:
-            self._choice = statistics.median(ended) < self.GAIN * statistics.median(kept)
-            self._since = 0
-            return self._choice
-        end = len(ended) <= len(kept)
-        self._cycle = (now, end)
-        return end
+        return self._trial.new_way(time.perf_counter_ns())
 
 
 def determinism_asked(torch) -> bool:
@@ -449,7 +451,7 @@ class TorchThreads:
 
     def _chose(self, period: int, given_ns: float, held_ns: float) -> None:
         global _told_gaps
-        if given_ns < GapJudge.GAIN * held_ns and not _told_gaps:
+        if given_ns < _Trial.GAIN * held_ns and not _told_gaps:
             _told_gaps = True
             steps, next_step = (("steps", "the next step") if self._lock_step
                                 else ("recv() and send() calls", "the next of them"))
