@@ -18,7 +18,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 
 from shmvec import _sb3_env
 from shmvec._engine.batch_io import BatchIO
-from shmvec._engine.cycle import WAITING_STEP, CommandCycle
+from shmvec._engine.cycle import IDLE, WAITING_STEP, CommandCycle
 from shmvec._engine.engine import FIRST_ENV_SPACES, Engine
 from shmvec._engine.env_slice import AUTORESET_CODES
 from shmvec.errors import import_extra, not_picklable
@@ -155,15 +155,28 @@ class ShmVecEnv(VecEnv):
         for row, options in enumerate(per_env[:self.num_envs]):
             groups.setdefault(id(options) if options else None, []).append(row)
         self.reset_infos = [{} for _ in range(self.num_envs)]
+        error = None
         for rows in groups.values():
             options = per_env[rows[0]] or None
             mask = None
             if len(groups) > 1:
                 mask = np.zeros(self.num_envs, dtype=np.bool_)
                 mask[rows] = True
-            for record in self._engine.reset(list(self._seeds), options, mask):
+            try:
+                records = self._engine.reset(list(self._seeds), options, mask)
+            except Exception as exc:
+                # An env raised: the other groups are reset all the same, as
+                # the other processes' envs are; the first error is raised
+                # after them. A timeout (still pending) or a dead worker stops here.
+                if self._engine.cycle.phase is not IDLE:
+                    raise
+                error = error or exc
+                continue
+            for record in records:
                 self._io.update_objects(record.row, record.objects)
                 self.reset_infos[record.row] = record.info or {}
+        if error is not None:
+            raise error
         self._reset_seeds()
         self._reset_options()
         self._remember()

@@ -1,12 +1,15 @@
 """Workers started by forkserver (the default) or spawn see the caller as
 fork's children do: its environment variables as they are when the vector
 env is made, and the Gymnasium ids it registered at run time (inside the
-main guard, which such workers never run), so that changing the class name
-from a fork-based vector env changes nothing else."""
+main guard, which such workers never run), and its warning filters (a
+`warnings.filterwarnings` there silences what it names in every env), so
+that changing the class name from a fork-based vector env changes nothing
+else."""
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -82,3 +85,29 @@ def test_an_id_registered_nowhere_is_still_gymnasiums_error(closing):
     with pytest.raises(gym.error.NameNotFound, match="NoSuchRunTimeEnv"):
         shmvec.ShmVecEnv([lambda: gym.make("NoSuchRunTimeEnv-v0")] * 2, num_workers=1, caller_steps=False,
                          start_method="forkserver")
+
+
+class WarningEnv(EnvironEnv):
+    def warn(self, message: str) -> str:
+        """What this process's warning filters make of a UserWarning."""
+        try:
+            with warnings.catch_warnings(record=True) as shown:  # the filters as they are; shown ones recorded
+                warnings.warn(message, UserWarning)
+        except UserWarning:
+            return "raised"
+        return "shown" if shown else "ignored"
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn", "fork"])
+def test_workers_take_the_callers_warning_filters_as_they_are_when_the_env_is_made(start_method, closing):
+    ref = SyncVectorEnv([WarningEnv] * 4)
+    closing(ref)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", UserWarning)
+        warnings.filterwarnings("ignore", message="silenced by the caller", category=UserWarning)
+        warnings.filterwarnings("error", message="an error to the caller", category=UserWarning)
+        envs = shmvec.ShmVecEnv([WarningEnv] * 4, num_workers=1, caller_steps=True, start_method=start_method)
+        closing(envs)
+        for message, outcome in [("silenced by the caller", "ignored"), ("an error to the caller", "raised"),
+                                 ("not filtered", "shown")]:
+            assert envs.call("warn", message) == ref.call("warn", message) == (outcome,) * 4, message

@@ -706,3 +706,45 @@ def test_per_env_actions_of_structured_spaces_as_dummy_vec_env(space, closing):
         assert_same(got[:3], want[:3], f"step {t}")
     with pytest.raises(ValueError, match="3 actions for 4 envs"):
         shm.step([space.sample() for _ in range(N - 1)])
+
+
+class ResetRaisesEnv(gym.Env):
+    """Env 0 raises from its second reset on; each env counts its resets."""
+
+    observation_space = spaces.Box(-1, 1, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, index: int):
+        self.index, self.resets = index, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.index == 0 and self.resets:
+            raise EnvBoom("env 0 cannot reset")
+        self.resets += 1
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("options, resets", [
+    (None, [1, 1, 2, 2]),
+    ({"level": 1}, [1, 1, 2, 2]),
+    # each env with options of its own is reset apart: all but env 0
+    ([{"level": k} for k in range(4)], [1, 2, 2, 2]),
+    # env 1 shares env 0's options and its process, after it
+    ([{"level": 0}] * 2 + [{"level": 1}] * 2, [1, 1, 2, 2]),
+])
+def test_an_env_raising_in_reset_leaves_the_other_processes_envs_reset_whatever_their_options(
+        options, resets, closing):
+    """The README: in reset(), the envs of other processes have been reset
+    (the env's error raised after them), whatever options set_options()
+    gave each; in its own process, those reset with it after it have not."""
+    venv = ShmVecEnv([functools.partial(ResetRaisesEnv, k) for k in range(4)], num_workers=2, caller_steps=False)
+    closing(venv)
+    venv.reset()
+    venv.set_options(options)
+    with pytest.raises(EnvBoom, match="env 0 cannot reset"):
+        venv.reset()
+    assert list(venv.get_attr("resets")) == resets

@@ -15,17 +15,25 @@ that it sees what a forked one would.
   and is called once more. Only then: a factory that registers ids itself
   (``gym.register_envs(ale_py)``) would otherwise be warned that it
   overrides them.
+- **Warning filters** (forkserver and spawn): the caller's, as they are
+  when the worker is started (a ``warnings.filterwarnings`` in the main
+  guard that silences an env's warnings, say), in place of the worker's
+  own. A filter whose category the worker cannot import is left out. A
+  warning an env raises in a worker is shown there, as in fork's workers,
+  and never reaches the caller's ``warnings.catch_warnings``.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import cloudpickle
 import gymnasium as gym
 
-__all__ = ["caller_environ", "caller_registrations", "take_environ", "CallerRegistrations"]
+__all__ = ["caller_environ", "caller_registrations", "caller_warning_filters", "take_environ",
+           "take_warning_filters", "CallerRegistrations"]
 
 # Each registered spec pickled once: (the spec, its bytes), by id.
 _pickled_specs: dict[str, tuple[Any, bytes | None]] = {}
@@ -41,6 +49,34 @@ def take_environ(environ: dict[str, str]) -> None:
     for name in set(os.environ) - set(environ):
         del os.environ[name]
     os.environ.update(environ)
+
+
+def caller_warning_filters(start_method: str) -> list[bytes] | None:
+    """The caller's warning filters, each pickled (action, message and
+    module patterns, category, line), for a worker that does not inherit
+    them; one that cannot be pickled is left out."""
+    if start_method == "fork":
+        return None
+    pickled = []
+    for action, message, category, module, lineno in warnings.filters:
+        try:
+            pickled.append(cloudpickle.dumps((action, message.pattern if message else "", category,
+                                              module.pattern if module else "", lineno)))
+        except Exception:
+            continue
+    return pickled
+
+
+def take_warning_filters(pickled: list[bytes]) -> None:
+    """This process's warning filters made the caller's (in a new worker),
+    in their order."""
+    warnings.resetwarnings()
+    for data in pickled:
+        try:
+            action, message, category, module, lineno = cloudpickle.loads(data)
+        except Exception:  # a category this worker cannot import: as if the filter were not there
+            continue
+        warnings.filterwarnings(action, message, category, module, lineno, append=True)
 
 
 def caller_registrations(start_method: str) -> dict[str, bytes] | None:

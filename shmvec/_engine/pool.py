@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Sequence
 
 from shmvec import _core
-from shmvec._engine.caller_state import caller_environ, caller_registrations
+from shmvec._engine.caller_state import caller_environ, caller_registrations, caller_warning_filters
 from shmvec._engine.cpus import choose_cpus
 from shmvec._engine.cycle import CLOSED, CommandCycle
 from shmvec._engine.system import PARENT_ONLY_FDS
@@ -147,6 +147,7 @@ class WorkerPool:
             parent_alive=FdHandle(self.fds[2]),
             start_method=self.start_method, cpu=self.cpus[k],
             environ=caller_environ(self.start_method), registrations=caller_registrations(self.start_method),
+            warning_filters=caller_warning_filters(self.start_method),
         )
         p = ctx.Process(target=worker_main, args=(spec,), name=f"shmvec-worker-{k}", daemon=self.daemon)
         check_fds_for_a_start()

@@ -19,7 +19,7 @@ import numpy  # noqa: F401
 
 from shmvec import _core
 from shmvec._engine import protocol as P
-from shmvec._engine.caller_state import CallerRegistrations, take_environ
+from shmvec._engine.caller_state import CallerRegistrations, take_environ, take_warning_filters
 from shmvec._engine.system import close_arena_fds, pin_to_cpu
 from shmvec._engine.env_slice import EnvSlice, make_envs
 from shmvec._engine.thread_pools import hold_env_pools, hold_worker_pools
@@ -63,6 +63,7 @@ class WorkerSpec:
     cpu: int | None
     environ: dict[str, str] | None = None  # the caller's variables, where not inherited (caller_state)
     registrations: dict[str, bytes] | None = None  # the caller's registered specs, where not inherited
+    warning_filters: list[bytes] | None = None  # the caller's warning filters, where not inherited
 
 
 def main(spec: WorkerSpec) -> None:
@@ -70,6 +71,8 @@ def main(spec: WorkerSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if spec.environ is not None:  # first: the pools' caps below are set in it
         take_environ(spec.environ)
+    if spec.warning_filters is not None:
+        take_warning_filters(spec.warning_filters)
     if spec.start_method == "fork":
         # The parent-only fds are closed already (a fork hook in system.py).
         # Everything else inherited is the front end's: never finalize it
