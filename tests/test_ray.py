@@ -33,6 +33,7 @@ from shmvec.testing import SpacesEnv, StragglerEnv
 ray = pytest.importorskip("ray")
 
 from shmvec.ray import RayVecEnv, actor_calls
+from shmvec.ray.scheduler import AsyncScheduler
 
 TESTS = pathlib.Path(__file__).resolve().parent
 
@@ -325,6 +326,31 @@ def test_async_env_error_then_recv_asks_for_a_reset(closing):
         envs.send(np.full(1, OK, dtype=np.int64), ids[1:])
     envs.async_reset(seed=0)
     assert len(envs.recv()[4]["env_id"]) == 2
+
+
+def test_async_env_error_reaches_caller_whichever_of_its_actors_calls_is_looked_at_first(closing, monkeypatch):
+    """An actor with two recv calls in flight hands the env's error to one
+    and "needs a reset" to the other. Ray may run an async actor's calls in
+    another order than they were made, and the driver take whichever result
+    it sees first (CI once saw the "needs a reset" first, and no Boom ever):
+    here the driver always takes the last call made."""
+    def last_call_made(scheduler):
+        calls = list(scheduler._calls)
+        ray.wait(calls, num_returns=len(calls))
+        return scheduler._calls.pop(calls[-1])[0], calls[-1]
+
+    envs = RayVecEnv([FaultEnv] * 2, 1, batch_size=1, **FAST)
+    closing(envs)
+    envs.async_reset(seed=0)
+    assert sorted(int(envs.recv()[4]["env_id"][0]) for _ in range(2)) == [0, 1]
+    monkeypatch.setattr(AsyncScheduler, "next_finished", last_call_made)
+    envs.send(np.array([RAISE, OK]), np.array([0, 1]))  # two recv calls of one env each
+    with pytest.raises(Boom):
+        envs.recv()
+    with pytest.raises(RuntimeError, match="reset"):
+        envs.recv()
+    envs.async_reset(seed=0)
+    assert len(envs.recv()[4]["env_id"]) == 1
 
 
 @pytest.mark.parametrize("batch_size", [None, 2], ids=["sync", "async"])

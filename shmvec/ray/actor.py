@@ -13,7 +13,8 @@ import ray
 
 from shmvec.ray.batches import LeafBatches
 from shmvec.ray.infos import merge_infos
-from shmvec.ray.scheduler import ActorBatch
+from shmvec._engine.cycle import NEEDS_RESET
+from shmvec.ray.scheduler import ActorBatch, ErrorInAnotherCall
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["SliceHost", "shmvec_env_for_grant"]
@@ -98,8 +99,11 @@ class SliceHost:
     async def recv(self, count: int):
         """The first `count` envs of this slice to finish (the ShmVecEnv
         receives one at a time, so any count can be asked for); None once
-        the actor closes (see send())."""
+        the actor closes (see send()); ErrorInAnotherCall once an env's
+        error went to another call."""
         async with self._recv_lock:
+            if self.envs._cycle.phase is NEEDS_RESET:  # an env raised, in an earlier recv() here
+                return ErrorInAnotherCall(self.envs._cycle.why)
             parts = []
             for _ in range(count):
                 if self._closing or not await self._wait_for_one():

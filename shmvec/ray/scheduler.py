@@ -19,7 +19,7 @@ import ray
 from shmvec.ray.batches import LeafBatches
 from shmvec.ray.infos import merge_infos
 
-__all__ = ["AsyncScheduler", "ActorBatch"]
+__all__ = ["AsyncScheduler", "ActorBatch", "ErrorInAnotherCall"]
 
 
 class ActorBatch(NamedTuple):
@@ -32,6 +32,15 @@ class ActorBatch(NamedTuple):
     infos: dict[str, Any]
     env_ids: np.ndarray  # the actor's own rows; the vector env's once added
     restarts: int = 0  # workers the actor's ShmVecEnv has restarted so far
+
+
+class ErrorInAnotherCall(NamedTuple):
+    """What an actor's recv call returns when another of its calls has
+    raised an env's error since the last reset. Ray may run an async actor's
+    calls in another order than they were made, so the driver may see this
+    call first: it waits for the one that carries the error."""
+
+    why: str  # the actor's "reset all envs" message
 
 
 class AsyncScheduler:
@@ -100,6 +109,10 @@ class AsyncScheduler:
     def _call(self, k: int, count: int) -> None:
         self._calls[self._actors[k].recv.remote(count)] = (k, count)
         self._unasked[k] -= count
+
+    def has_calls_to(self, k: int) -> bool:
+        """Whether a recv call to actor `k` is in progress."""
+        return any(j == k for j, _ in self._calls.values())
 
     def next_finished(self) -> tuple[int, ray.ObjectRef]:
         """Waits for a recv call to finish: its actor and the call's ref."""

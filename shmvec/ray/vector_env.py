@@ -19,7 +19,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec.contract import (AttributesByCall, check_async, check_async_reset_options, check_sync, checked_env_ids,
                              checked_reset_mask, seeds_for)
-from shmvec._engine.cycle import NEEDS_RESET, CommandCycle
+from shmvec._engine.cycle import ENV_RAISED, NEEDS_RESET, CommandCycle
 from shmvec._engine.plan import split_slices
 from shmvec._engine.pool import CLOSE_GRACE_S
 from shmvec.ray.actor_calls import ActorCalls
@@ -27,7 +27,7 @@ from shmvec.ray.batches import LeafBatches
 from shmvec.ray.errors import ActorDiedError
 from shmvec.ray.infos import merge_infos
 from shmvec.ray.restarts import LastObservations
-from shmvec.ray.scheduler import ActorBatch, AsyncScheduler
+from shmvec.ray.scheduler import ActorBatch, AsyncScheduler, ErrorInAnotherCall
 
 __all__ = ["RayVecEnv"]
 
@@ -264,6 +264,11 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
                 scheduler.send_again(k)
                 scheduler.ask(self.batch_size - have)
                 continue
+            if isinstance(result, ErrorInAnotherCall):
+                if scheduler.has_calls_to(k):
+                    continue  # the call that carries the env's error is still to come
+                self._cycle.half_done(ENV_RAISED)
+                raise RuntimeError(result.why)
             self._count_restarts(k, result.restarts)
             have += scheduler.add(k, result)
         batch = scheduler.take(self.batch_size)
