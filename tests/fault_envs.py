@@ -37,15 +37,17 @@ class FaultEnv(gym.Env):
     The action decides what step() does: OK steps; RAISE raises Boom; EXIT
     calls os._exit(3); KILL SIGKILLs its own process; HANG sleeps `hang_s`;
     GATE waits (up to `hang_s`) until the file `gate` exists, then steps.
-    reset(options={"fail": True}) raises Boom; so do explode() and, with
-    `fail_factory`, the constructor."""
+    reset(options={"fail": True}) raises Boom, as does reset(seed=s) for
+    s == `fail_seed`; so do explode() and, with `fail_factory`, the constructor."""
 
     observation_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
     action_space = spaces.Discrete(6)
 
-    def __init__(self, gate: str | None = None, hang_s: float = 60.0, fail_factory: bool = False):
+    def __init__(self, gate: str | None = None, hang_s: float = 60.0, fail_factory: bool = False,
+                 fail_seed: int | None = None):
         if fail_factory:
             raise Boom("factory failed")
+        self.fail_seed = fail_seed
         self.gate = gate
         self.hang_s = hang_s
         self.t = 0
@@ -55,7 +57,7 @@ class FaultEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        if options and options.get("fail"):
+        if options and options.get("fail") or seed is not None and seed == self.fail_seed:
             raise Boom("reset failed")
         self.t = 0
         return self._obs(), {}

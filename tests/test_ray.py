@@ -305,6 +305,43 @@ def test_env_error_reaches_caller_and_reset_recovers(closing):
     envs.step(actions_for(4))
 
 
+@pytest.mark.parametrize("batch_size", [None, 2], ids=["sync", "async"])
+@pytest.mark.parametrize("vector_env", ["RayVecEnv", "ShmVecEnv"])
+def test_env_error_in_a_reset_asks_for_a_full_reset_and_nothing_moves_meanwhile(vector_env, batch_size, closing):
+    """After an env raised in a reset, the next step (send/recv in async
+    mode) asks for a full reset, and no env steps or hands out a result in
+    it, as ShmVecEnv does. RayVecEnv used to step the other actors' envs (or
+    hand out their resets) before the error said so."""
+    make = functools.partial(FaultEnv, fail_seed=103)  # env 3 of seed 100's: actor 1's second env
+    if vector_env == "RayVecEnv":
+        envs = RayVecEnv([make] * 4, 2, batch_size=batch_size, **FAST)
+    else:
+        envs = shmvec.ShmVecEnv([make] * 4, batch_size=batch_size, **FAST)
+    closing(envs)
+    ok = np.full(4, OK, dtype=np.int64)
+    if batch_size is None:
+        envs.reset(seed=0)
+        with pytest.raises(Boom, match="reset failed"):
+            envs.reset(seed=100)
+        with pytest.raises(RuntimeError, match="reset"):
+            envs.step(ok)
+        assert envs.get_attr("t") == (0, 0, 0, 0)  # nobody stepped
+        envs.reset(seed=0)
+        envs.step(ok)
+        assert envs.get_attr("t") == (1, 1, 1, 1)
+        return
+    envs.async_reset(seed=0)
+    ids = envs.recv()[4]["env_id"]
+    with pytest.raises(Boom, match="reset failed"):
+        envs.async_reset(seed=100)
+    with pytest.raises(RuntimeError, match="reset"):
+        envs.recv()
+    with pytest.raises(RuntimeError, match="reset"):
+        envs.send(ok[:2], ids)
+    envs.async_reset(seed=0)
+    assert sorted(np.concatenate([envs.recv()[4]["env_id"] for _ in range(2)]).tolist()) == [0, 1, 2, 3]
+
+
 def test_async_env_error_then_recv_asks_for_a_reset(closing):
     """Async mode: after an env raised, recv() says to reset, as send()
     does and as ShmVecEnv's recv() does (it ran into its own bookkeeping:

@@ -85,10 +85,9 @@ class ActorCalls:
                 "factory takes this long too). Still waiting; Ctrl-C stops.", RuntimeWarning, stacklevel=3)
         return self._get(refs, range(len(refs)))
 
-    def _gather(self, call: Callable[[int, Any], ray.ObjectRef], actors: Sequence[int] | None = None) -> list:
-        """Makes `call` on every actor (or those listed) at once and gathers
-        the results in one round."""
-        actors = range(len(self._actors)) if actors is None else actors
+    def _gather(self, call: Callable[[int, Any], ray.ObjectRef]) -> list:
+        """Makes `call` on every actor at once and gathers the results in one round."""
+        actors = range(len(self._actors))
         return self._get([call(k, self._actors[k]) for k in actors], actors)
 
     def _get(self, refs: list, actors: Sequence[int]) -> list:
@@ -148,8 +147,9 @@ class ActorCalls:
         self._revive(exc.worker, exc.reason)
 
     def _stepped(self, refs: list, actors: Sequence[int]) -> list:
-        """Gathers results of steps: after an env error, some envs stepped and
-        others did not, so only a full reset brings them back to a known state."""
+        """Gathers results of steps or resets: after an env error, some envs
+        stepped (or reset) and others did not, so only a full reset brings
+        them back to a known state."""
         try:
             return self._get(refs, actors)
         except ActorDiedError:

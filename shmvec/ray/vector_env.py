@@ -167,7 +167,7 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
             return actor.reset.remote(seeds[rows.start:rows.stop], part or None)
 
         try:
-            results = self._gather(reset, actors)
+            results = self._stepped([reset(k, self._actors[k]) for k in actors], actors)
         except ActorDiedError as exc:
             self._restart_or_raise(exc)
             return self.reset(seed=seed, options=given)
@@ -219,9 +219,10 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         check_async_reset_options(options)
         self._cycle.check_usable()
         self._scheduler.drop_all()
+        actors = range(len(self._actors))
         try:
-            self._gather(lambda k, actor: actor.async_reset.remote(
-                seeds[self.slices[k].start:self.slices[k].stop], options))
+            self._stepped([self._actors[k].async_reset.remote(seeds[self.slices[k].start:self.slices[k].stop], options)
+                           for k in actors], actors)
         except ActorDiedError as exc:
             self._restart_or_raise(exc)
             return self.async_reset(seed=seed, options=options)
