@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import ray
 
+from shmvec._engine.cycle import NEEDS_RESET
 from shmvec.ray.batches import LeafBatches
 from shmvec.ray.infos import merge_infos
-from shmvec._engine.cycle import NEEDS_RESET
 from shmvec.ray.scheduler import ActorBatch, ErrorInAnotherCall
 from shmvec.vector_env import ShmVecEnv
 
