@@ -512,6 +512,23 @@ def test_actor_stays_responsive_while_it_waits_for_envs(closing):
     ray.get(waiting)
 
 
+def test_a_send_to_an_actor_whose_env_raised_is_dropped_not_failed(closing):
+    """The driver may send to an actor whose env raised in a recv() call it
+    has not looked at yet (that call raises the error, then a reset is due).
+    Nobody fetches a send()'s result, and Ray logs an error nobody fetches
+    as an unhandled one, so the send() is dropped instead of failing."""
+    envs = RayVecEnv([FaultEnv] * 2, 1, batch_size=1, **FAST)
+    closing(envs)
+    actor = envs._actors[0]
+    envs.async_reset(seed=0)
+    for _ in range(2):
+        envs.recv()  # every env's reset result: none is in flight now
+    ray.get(actor.send.remote(np.array([RAISE]), np.array([0])))
+    with pytest.raises(Boom):
+        ray.get(actor.recv.remote(1))
+    assert ray.get(actor.send.remote(np.array([OK]), np.array([1]))) is None
+
+
 def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):
     # Until Ray has restarted a dead actor, calls to it fail with
     # ActorUnavailableError ("the actor is restarting"), for longer on a busy

@@ -90,10 +90,13 @@ class SliceHost:
         self.envs.async_reset(seed=seed, options=options)
 
     async def send(self, actions: Any, env_ids: np.ndarray) -> None:
-        # Ray runs an async actor's calls in any order: a send() or recv() the
-        # driver made before close() may come after it. Nobody reads them
-        # then, and an error nobody fetches Ray logs as unhandled.
-        if not self._closing:
+        # Nobody fetches a send()'s result, and Ray logs an error nobody
+        # fetches as unhandled. Ray runs an async actor's calls in any order:
+        # a send() the driver made before close() may come after it. And
+        # once an env here raised, in a recv() call whose result the driver
+        # has not seen yet, the driver's next recv() raises that error and
+        # asks for a reset: the send() would only fail.
+        if not self._closing and self.envs._cycle.phase is not NEEDS_RESET:
             self.envs.send(actions, env_ids)
 
     async def recv(self, count: int):
