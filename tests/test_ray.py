@@ -512,11 +512,14 @@ def test_actor_stays_responsive_while_it_waits_for_envs(closing):
     ray.get(waiting)
 
 
-def test_a_send_to_an_actor_whose_env_raised_is_dropped_not_failed(closing):
-    """The driver may send to an actor whose env raised in a recv() call it
-    has not looked at yet (that call raises the error, then a reset is due).
-    Nobody fetches a send()'s result, and Ray logs an error nobody fetches
-    as an unhandled one, so the send() is dropped instead of failing."""
+def test_a_send_that_would_only_fail_in_the_actor_is_dropped(closing):
+    """Nobody fetches a send()'s result, and Ray logs an error nobody
+    fetches as an unhandled one. Two sends the driver makes would fail in
+    the actor, so they are dropped: one to an actor whose env raised in a
+    recv() call the driver has not looked at yet (that call raises the
+    error, then a reset is due), and one that Ray runs after the
+    async_reset() the driver made next (Ray runs an async actor's calls in
+    any order); that one's envs give their reset results."""
     envs = RayVecEnv([FaultEnv] * 2, 1, batch_size=1, **FAST)
     closing(envs)
     actor = envs._actors[0]
@@ -527,6 +530,12 @@ def test_a_send_to_an_actor_whose_env_raised_is_dropped_not_failed(closing):
     with pytest.raises(Boom):
         ray.get(actor.recv.remote(1))
     assert ray.get(actor.send.remote(np.array([OK]), np.array([1]))) is None
+
+    ray.get(actor.async_reset.remote([0, 1], None))  # the driver's async_reset(), run first
+    assert ray.get(actor.send.remote(np.array([OK]), np.array([1]))) is None
+    result = ray.get(actor.recv.remote(2))
+    assert sorted(result.env_ids.tolist()) == [0, 1]
+    assert (result.observations == 0).all() and not result.rewards.any()  # reset, not stepped
 
 
 def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):

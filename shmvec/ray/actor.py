@@ -91,13 +91,20 @@ class SliceHost:
 
     async def send(self, actions: Any, env_ids: np.ndarray) -> None:
         # Nobody fetches a send()'s result, and Ray logs an error nobody
-        # fetches as unhandled. Ray runs an async actor's calls in any order:
-        # a send() the driver made before close() may come after it. And
-        # once an env here raised, in a recv() call whose result the driver
-        # has not seen yet, the driver's next recv() raises that error and
-        # asks for a reset: the send() would only fail.
-        if not self._closing and self.envs._cycle.phase is not NEEDS_RESET:
-            self.envs.send(actions, env_ids)
+        # fetches as unhandled, so a send() that would only fail is dropped:
+        # - Ray runs an async actor's calls in any order: a send() the
+        #   driver made before close() or async_reset() may come after it
+        #   (the driver never sends an env whose reset result it has not
+        #   received: one here is such a send's);
+        # - once an env here raised, in a recv() call whose result the
+        #   driver has not seen yet, the driver's next recv() raises that
+        #   error and asks for a reset.
+        envs = self.envs
+        if self._closing or envs._cycle.phase is NEEDS_RESET:
+            return
+        if envs._reset_ready and not set(envs._reset_ready).isdisjoint(env_ids.tolist()):
+            return
+        envs.send(actions, env_ids)
 
     async def recv(self, count: int):
         """The first `count` envs of this slice to finish (the ShmVecEnv
