@@ -133,9 +133,9 @@ def test_actor_calls_that_come_after_its_close_are_quiet():
     async def run():
         host = SliceHost()
         await host.start([cartpole] * 2, 1, {"num_workers": 0, "start_method": "fork"})
-        await host.async_reset([0, 1], None)
+        await host.async_reset([0, 1], None, 1)
         await host.close()
-        assert await host.send(np.zeros(1, dtype=np.int64), np.array([0])) is None
+        assert await host.send(np.zeros(1, dtype=np.int64), np.array([0]), 1) is None
         assert await host.recv(1) is None
 
     asyncio.run(run())
@@ -503,39 +503,45 @@ def test_actor_stays_responsive_while_it_waits_for_envs(closing):
     envs.async_reset(seed=0)
     for _ in range(2):
         envs.recv()  # every env's reset result: none is in flight now
-    ray.get(actor.send.remote(np.array([HANG]), np.array([0])))  # env 0 takes 3 s
+    epoch = envs._scheduler.epoch
+    ray.get(actor.send.remote(np.array([HANG]), np.array([0]), epoch))  # env 0 takes 3 s
     waiting = actor.recv.remote(1)
     time.sleep(0.3)  # it waits in the actor now
     start = time.monotonic()
-    ray.get(actor.send.remote(np.array([0]), np.array([2])))
+    ray.get(actor.send.remote(np.array([0]), np.array([2]), epoch))
     assert time.monotonic() - start < 2  # not queued behind the waiting recv
     ray.get(waiting)
 
 
-def test_a_send_that_would_only_fail_in_the_actor_is_dropped(closing):
-    """Nobody fetches a send()'s result, and Ray logs an error nobody
-    fetches as an unhandled one. Two sends the driver makes would fail in
-    the actor, so they are dropped: one to an actor whose env raised in a
-    recv() call the driver has not looked at yet (that call raises the
-    error, then a reset is due), and one that Ray runs after the
+def test_a_send_not_meant_for_the_actors_envs_now_is_dropped(closing):
+    """Two sends the driver makes are not for the actor's envs as they are
+    when Ray runs them, and are dropped: one that Ray runs after the
     async_reset() the driver made next (Ray runs an async actor's calls in
-    any order); that one's envs give their reset results."""
+    any order), and one to an actor whose env raised in a recv() call the
+    driver has not looked at yet (that call raises the error, then a reset
+    is due). Nobody fetches a send()'s result: Ray would log its error as
+    an unhandled one, or the envs would step on old actions."""
     envs = RayVecEnv([FaultEnv] * 2, 1, batch_size=1, **FAST)
     closing(envs)
     actor = envs._actors[0]
     envs.async_reset(seed=0)
     for _ in range(2):
         envs.recv()  # every env's reset result: none is in flight now
-    ray.get(actor.send.remote(np.array([RAISE]), np.array([0])))
+    epoch = envs._scheduler.epoch
+
+    ray.get(actor.async_reset.remote([0, 1], None, epoch + 1))  # the driver's next async_reset(), run first
+    first = ray.get(actor.recv.remote(1))  # one env's reset result, received
+    row = first.env_ids
+    assert ray.get(actor.send.remote(np.array([OK]), row, epoch)) is None  # made before that reset: dropped
+    ray.get(actor.send.remote(np.array([OK]), row, epoch + 1))  # "already in flight" had the old one stepped it
+    second, third = (ray.get(actor.recv.remote(1)) for _ in range(2))
+    assert second.env_ids != row and second.observations[0, 0] == 0  # the other env's reset result
+    assert third.env_ids == row and third.observations[0, 0] == 1  # one step since the reset
+
+    ray.get(actor.send.remote(np.array([RAISE]), row, epoch + 1))
     with pytest.raises(Boom):
         ray.get(actor.recv.remote(1))
-    assert ray.get(actor.send.remote(np.array([OK]), np.array([1]))) is None
-
-    ray.get(actor.async_reset.remote([0, 1], None))  # the driver's async_reset(), run first
-    assert ray.get(actor.send.remote(np.array([OK]), np.array([1]))) is None
-    result = ray.get(actor.recv.remote(2))
-    assert sorted(result.env_ids.tolist()) == [0, 1]
-    assert (result.observations == 0).all() and not result.rewards.any()  # reset, not stepped
+    assert ray.get(actor.send.remote(np.array([OK]), second.env_ids, epoch + 1)) is None  # no error to log
 
 
 def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):

@@ -68,6 +68,7 @@ class SliceHost:
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix="shmvec-recv")
         self._recv_lock = asyncio.Lock()  # one recv() at a time, in the order they came
         self._closing = False
+        self._epoch = 0  # of the driver's last async_reset() run here (see send())
         e = self.envs
         return {"observation_space": e.single_observation_space, "action_space": e.single_action_space,
                 "metadata": e.metadata, "render_mode": e.render_mode, "num_workers": e.num_workers}
@@ -86,25 +87,22 @@ class SliceHost:
     async def step(self, actions: Any):
         return (*self.envs.step(actions), self._restarts())
 
-    async def async_reset(self, seed: list, options: dict | None) -> None:
+    async def async_reset(self, seed: list, options: dict | None, epoch: int) -> None:
+        self._epoch = epoch
         self.envs.async_reset(seed=seed, options=options)
 
-    async def send(self, actions: Any, env_ids: np.ndarray) -> None:
-        # Nobody fetches a send()'s result, and Ray logs an error nobody
-        # fetches as unhandled, so a send() that would only fail is dropped:
+    async def send(self, actions: Any, env_ids: np.ndarray, epoch: int) -> None:
+        # Dropped when it is not to step the envs, or would only fail where
+        # nobody fetches its result (Ray logs such errors as unhandled):
         # - Ray runs an async actor's calls in any order: a send() the
-        #   driver made before close() or async_reset() may come after it
-        #   (the driver never sends an env whose reset result it has not
-        #   received: one here is such a send's);
+        #   driver made before close() or an async_reset() (of a later
+        #   `epoch`) may come after it;
         # - once an env here raised, in a recv() call whose result the
         #   driver has not seen yet, the driver's next recv() raises that
         #   error and asks for a reset.
-        envs = self.envs
-        if self._closing or envs._cycle.phase is NEEDS_RESET:
+        if self._closing or epoch < self._epoch or self.envs._cycle.phase is NEEDS_RESET:
             return
-        if envs._reset_ready and not set(envs._reset_ready).isdisjoint(env_ids.tolist()):
-            return
-        envs.send(actions, env_ids)
+        self.envs.send(actions, env_ids)
 
     async def recv(self, count: int):
         """The first `count` envs of this slice to finish (the ShmVecEnv

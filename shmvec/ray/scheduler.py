@@ -60,14 +60,20 @@ class AsyncScheduler:
         self._chunk = [max(1, round(batch_size * len(rows) / num_envs)) for rows in slices]
         self._calls: dict[ray.ObjectRef, tuple[int, int]] = {}  # recv calls in progress -> (actor, envs)
         self._results: list[ActorBatch] = []  # brought back, not yet received by the caller
+        # async_reset()s so far. Sends carry it: Ray may run a send() after
+        # the async_reset() made next, and the actor drops it then.
+        self.epoch = 0
 
-    def drop_all(self) -> None:
+    def drop_all(self) -> int:
         """Forgets every env in flight (for async_reset), once the calls in
-        progress have landed (each actor's ShmVecEnv drops what is still in flight)."""
+        progress have landed (each actor's ShmVecEnv drops what is still in
+        flight); returns the epoch of the reset to come."""
         if self._calls:
             ray.wait(list(self._calls), num_returns=len(self._calls))
         self._calls.clear()
         self._results.clear()
+        self.epoch += 1
+        return self.epoch
 
     def all_reset(self) -> None:
         """Every env was reset: recv() hands them out."""
@@ -81,7 +87,7 @@ class AsyncScheduler:
         owner = np.searchsorted(self._starts, ids, side="right") - 1
         for k in np.unique(owner):
             mine = np.flatnonzero(owner == k)
-            self._actors[k].send.remote(self._actions.take(leaves, mine), ids[mine] - self._starts[k])
+            self._actors[k].send.remote(self._actions.take(leaves, mine), ids[mine] - self._starts[k], self.epoch)
             self._unasked[k] += len(mine)
         self.in_flight[ids] = True
         self.ask()
@@ -137,7 +143,8 @@ class AsyncScheduler:
         self._unasked[k] = len(lost)
         if lost:
             actions = self._actions.checked_actions(self._action_space.sample(), self._num_envs)
-            self._actors[k].send.remote(self._actions.take(actions, np.asarray(lost)), np.asarray(lost) - rows.start)
+            self._actors[k].send.remote(self._actions.take(actions, np.asarray(lost)), np.asarray(lost) - rows.start,
+                                        self.epoch)
 
     def take(self, count: int) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """The first `count` envs of the results at hand, as one batch, with

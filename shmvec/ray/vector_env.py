@@ -218,11 +218,11 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         seeds = seeds_for(seed, self.num_envs)
         check_async_reset_options(options)
         self._cycle.check_usable()
-        self._scheduler.drop_all()
+        epoch = self._scheduler.drop_all()
         actors = range(len(self._actors))
         try:
-            self._stepped([self._actors[k].async_reset.remote(seeds[self.slices[k].start:self.slices[k].stop], options)
-                           for k in actors], actors)
+            self._stepped([self._actors[k].async_reset.remote(seeds[self.slices[k].start:self.slices[k].stop],
+                                                              options, epoch) for k in actors], actors)
         except ActorDiedError as exc:
             self._restart_or_raise(exc)
             return self.async_reset(seed=seed, options=options)
