@@ -494,16 +494,21 @@ def test_actor_death_is_blamed_on_its_actor(closing, monkeypatch):
         envs.step(actions_for(4, row=3, action=KILL))
 
 
+def one_idle_actor(closing, env_fns: list, batch_size: int, **kwargs) -> tuple:
+    """A RayVecEnv of one actor in async mode whose envs' reset results were
+    all received (none is in flight): the actor, and the epoch of that reset."""
+    envs = RayVecEnv(env_fns, 1, batch_size=batch_size, **kwargs)
+    closing(envs)
+    envs.async_reset(seed=0)
+    for _ in range(len(env_fns) // batch_size):
+        envs.recv()
+    return envs._actors[0], envs._scheduler.epoch
+
+
 def test_actor_stays_responsive_while_it_waits_for_envs(closing):
     # A recv() that waits inside an actor must not hold up that actor's sends.
     slow = functools.partial(FaultEnv, hang_s=3.0)
-    envs = RayVecEnv([slow] * 4, 1, batch_size=2, start_method="fork", num_workers=2)
-    closing(envs)
-    actor = envs._actors[0]
-    envs.async_reset(seed=0)
-    for _ in range(2):
-        envs.recv()  # every env's reset result: none is in flight now
-    epoch = envs._scheduler.epoch
+    actor, epoch = one_idle_actor(closing, [slow] * 4, 2, start_method="fork", num_workers=2)
     ray.get(actor.send.remote(np.array([HANG]), np.array([0]), epoch))  # env 0 takes 3 s
     waiting = actor.recv.remote(1)
     time.sleep(0.3)  # it waits in the actor now
@@ -521,14 +526,7 @@ def test_a_send_not_meant_for_the_actors_envs_now_is_dropped(closing):
     driver has not looked at yet (that call raises the error, then a reset
     is due). Nobody fetches a send()'s result: Ray would log its error as
     an unhandled one, or the envs would step on old actions."""
-    envs = RayVecEnv([FaultEnv] * 2, 1, batch_size=1, **FAST)
-    closing(envs)
-    actor = envs._actors[0]
-    envs.async_reset(seed=0)
-    for _ in range(2):
-        envs.recv()  # every env's reset result: none is in flight now
-    epoch = envs._scheduler.epoch
-
+    actor, epoch = one_idle_actor(closing, [FaultEnv] * 2, 1, **FAST)
     ray.get(actor.async_reset.remote([0, 1], None, epoch + 1))  # the driver's next async_reset(), run first
     first = ray.get(actor.recv.remote(1))  # one env's reset result, received
     row = first.env_ids
