@@ -230,18 +230,22 @@ def test_busy_threads_share_our_group_unless_the_kernel_groups_them_by_session(o
     import subprocess
     import sys
 
-    from shmvec._engine.system import busy_threads_share_our_group
+    from shmvec._engine.system import busy_threads_share_our_group, cpus_busy_elsewhere
 
     with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
         by_session = f.read().strip() == "1"
     hogs = [subprocess.Popen([sys.executable, "-c", _HOG], start_new_session=own_session) for _ in range(2)]
     try:
         time.sleep(0.2)
-        assert busy_threads_share_our_group() is (not (own_session and by_session))
+        shared = busy_threads_share_our_group()
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
+    expected = not (own_session and by_session)
+    if shared is not expected and cpus_busy_elsewhere():
+        pytest.skip("another program got busy during the test (idle_machine looks only at its start)")
+    assert shared is expected
 
 
 def _spin_on(cpu: int, spinning) -> None:
