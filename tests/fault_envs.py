@@ -57,7 +57,7 @@ class FaultEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        if options and options.get("fail") or seed is not None and seed == self.fail_seed:
+        if (options and options.get("fail")) or (seed is not None and seed == self.fail_seed):
             raise Boom("reset failed")
         self.t = 0
         return self._obs(), {}
