@@ -182,19 +182,32 @@ AsyncRegion async_region(const Mapping& data, std::size_t offset, uint32_t num_e
   return AsyncRegion(data.base() + offset, num_envs, rings, record_capacity);
 }
 
+// A worker's warnings kept for the caller (see warning_relay.py): none on
+// almost every step, so one length check decides whether Python must run.
+struct KeptWarnings {
+  explicit KeptWarnings(py::handle relay)
+      : relay(relay), pending(relay.is_none() ? py::object() : relay.attr("pending")) {}
+  bool any() const { return pending && PyList_GET_SIZE(pending.ptr()) > 0; }
+  py::handle relay;  // a WorkerRelay, or None in the caller
+  py::object pending;
+};
+
 // Steps one async env and writes its record slot: the record the stepper
-// returns (pickled by `dumps`), or the env's exception (encode_error(exc,
-// row) -> bytes), which recv() raises. A record too large for its slot waits
-// in `overflow` for the front end to fetch it. The caller's own slice passes
+// returns (pickled by `dumps`; with the warnings the step raised, wrapped by
+// the relay), or the env's exception (encode_error(exc, row) -> bytes),
+// which recv() raises. A record too large for its slot waits in `overflow`
+// for the front end to fetch it. The caller's own slice passes
 // `pass_interrupts`: a KeyboardInterrupt (a second Ctrl-C) is not the env's
 // error but stops recv(); the env is left with no record.
 void step_async_row(const AsyncRegion& region, Stepper& stepper, uint32_t row, py::object& dumps,
-                    py::object& encode_error, py::dict& overflow, bool pass_interrupts) {
+                    py::object& encode_error, py::dict& overflow, bool pass_interrupts,
+                    const KeptWarnings& kept) {
   RecordSlot* slot = region.record(row);
   slot->length = slot->is_error = slot->overflow = 0;  // no record, unless the step leaves one
   py::object record;
   try {
     record = stepper.step_row(row);
+    if (kept.any()) record = call_python(kept.relay.attr("wrap"), record);
     if (!record.is_none()) record = call_python(dumps, record);
   } catch (py::error_already_set& e) {
     if (pass_interrupts && e.matches(PyExc_KeyboardInterrupt)) throw;
@@ -360,7 +373,7 @@ class PyFrontChannel {
     while ((at_least_one && stepped == 0) || channel_.finished_ready() < count) {
       if (!channel_.pop_own(&row)) break;
       try {
-        step_async_row(r, stepper, row, dumps, encode_error, overflow, true);
+        step_async_row(r, stepper, row, dumps, encode_error, overflow, true, KeptWarnings(py::none()));
       } catch (...) {
         channel_.push_own(row);  // stepped or not, it is not lost in flight
         throw;
@@ -535,12 +548,16 @@ class PyWorkerChannel {
 
   // Serves steps natively (plain steps and async envs) until a command needs
   // Python: returns (code, arg, request_len, payload), payload being None or
-  // the bytes of a step reply too large for the reply area (sent in chunks
-  // by the caller). Env exceptions of plain steps propagate; those of async
-  // steps become the env's record (encode_error(exc, row) -> bytes).
-  py::tuple serve(Stepper& stepper, py::object dumps, py::object encode_error, py::dict overflow) {
+  // the bytes of a step reply that Python sends: one too large for the reply
+  // area (sent in chunks by the caller), or one that the warnings kept by
+  // `relay` (a WorkerRelay) go ahead of. Env exceptions of plain steps
+  // propagate; those of async steps become the env's record
+  // (encode_error(exc, row) -> bytes).
+  py::tuple serve(Stepper& stepper, py::object dumps, py::object encode_error, py::dict overflow,
+                  py::object relay) {
+    const KeptWarnings kept(relay);
     for (;;) {
-      if (channel_.has_async()) step_async(stepper, dumps, encode_error, overflow);
+      if (channel_.has_async()) step_async(stepper, dumps, encode_error, overflow, kept);
       if (!channel_.take_command()) {  // nothing new, or the ring was for async work only
         if (!without_gil([&] { return channel_.wait_doorbell(); })) return py::make_tuple(0, 0, 0, py::none());
         continue;
@@ -549,13 +566,14 @@ class PyWorkerChannel {
       if (c.code != kStepCommand || c.request_len != 0)
         return py::make_tuple(c.code, c.arg, c.request_len, py::none());
       py::object records = stepper.step(py::none());
-      if (records.is_none()) {
+      const bool warned = kept.any();
+      if (records.is_none() && !warned) {
         channel_.complete(0, 0, 0);
         continue;
       }
-      py::bytes data = call_python(dumps, records);
+      py::bytes data = records.is_none() ? py::bytes() : py::bytes(call_python(dumps, records));
       const auto len = static_cast<uint64_t>(PyBytes_GET_SIZE(data.ptr()));
-      if (len > reply_capacity_) return py::make_tuple(c.code, c.arg, c.request_len, data);
+      if (len > reply_capacity_ || warned) return py::make_tuple(c.code, c.arg, c.request_len, data);
       std::memcpy(reply_area_, PyBytes_AS_STRING(data.ptr()), len);
       channel_.complete(0, len, len);
     }
@@ -569,10 +587,11 @@ class PyWorkerChannel {
     return true;
   }
 
-  void step_async(Stepper& stepper, py::object& dumps, py::object& encode_error, py::dict& overflow) {
+  void step_async(Stepper& stepper, py::object& dumps, py::object& encode_error, py::dict& overflow,
+                  const KeptWarnings& kept) {
     uint32_t row;
     while (channel_.pop_todo(&row)) {
-      step_async_row(channel_.async_region(), stepper, row, dumps, encode_error, overflow, false);
+      step_async_row(channel_.async_region(), stepper, row, dumps, encode_error, overflow, false, kept);
       channel_.push_finished(row);
     }
   }
@@ -734,7 +753,7 @@ PYBIND11_MODULE(_core, m) {
       .def("attach_async", &PyWorkerChannel::attach_async, py::arg("data"), py::arg("offset"),
            py::arg("num_envs"), py::arg("record_capacity"), py::arg("rings"))
       .def("serve", &PyWorkerChannel::serve, py::arg("stepper"), py::arg("dumps"),
-           py::arg("encode_error"), py::arg("overflow"));
+           py::arg("encode_error"), py::arg("overflow"), py::arg("relay"));
 
   py::class_<Stepper>(m, "Stepper")
       .def(py::init<py::list, py::ssize_t, py::list, py::array, py::object, py::list, py::object,

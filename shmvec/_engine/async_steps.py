@@ -25,9 +25,11 @@ import numpy as np
 
 from shmvec import _core
 from shmvec._engine import protocol as P
+from shmvec._engine import warning_relay
 from shmvec._engine.cycle import ENV_RAISED, INTERRUPTED
 from shmvec._engine.protocol import StepRecord
 from shmvec._engine.transport import raise_remote
+from shmvec._engine.warning_relay import Warned
 
 if TYPE_CHECKING:
     from shmvec._engine.engine import Engine
@@ -60,6 +62,7 @@ class AsyncSteps:
         self._info = engine.info_columns
         self._own = own
         self._own_overflow: dict[int, bytes] = {}  # the own slice's records too large for their slots
+        self._warned_only = False  # a record of the batch records() reads had warnings only
         # Each env's stepper: its worker, or num_workers for the caller's own slice.
         self._owner = [0] * engine.num_envs
         for w, rows in enumerate(engine.worker_rows):
@@ -236,7 +239,9 @@ class AsyncSteps:
     def records(self, rows: np.ndarray) -> list[StepRecord]:
         """The records of the envs of `rows` (an int64 array) that have one,
         in that order (see record())."""
-        return [self.record(row) for row in self._channel.rows_with_records(rows)]
+        self._warned_only = False
+        records = [self.record(row) for row in self._channel.rows_with_records(rows)]
+        return [record for record in records if record is not None] if self._warned_only else records
 
     def record(self, row: int) -> StepRecord | None:
         """The record of an env's last async step (None if it has none);
@@ -256,4 +261,14 @@ class AsyncSteps:
         if is_error:
             self._engine.cycle.half_done(ENV_RAISED)
             raise_remote(record)
+        if type(record) is Warned:  # the env warned in its step: as if it had warned here
+            try:
+                warning_relay.show(record.warnings)
+            except BaseException:  # the caller's filters made one an error: the env's
+                self._engine.cycle.half_done(ENV_RAISED)
+                raise
+            record = record.record
+            if record is None:
+                self._warned_only = True  # (records() leaves it out)
+                return None
         return StepRecord._make(record)

@@ -30,6 +30,7 @@ STARTED = 13  # a worker's first command, answered as it begins to make its envs
 
 OK = 0
 ERROR = 1
+WARNED = 2  # a flag on a reply's status: warnings come ahead of its bytes (see warning_relay)
 
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -55,6 +56,7 @@ class RemoteError:
         self.exc = exc
         self.tb = tb
         self.row = row
+        self.warnings: list = []  # an async step's, raised before the error (see warning_relay)
 
     @classmethod
     def capture(cls, exc: BaseException, row: int) -> "RemoteError":

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 
 from shmvec import _core
 from shmvec._engine import protocol as P
+from shmvec._engine import warning_relay
 from shmvec.errors import RemoteTraceback
 
 __all__ = ["Transport", "REQUEST_CAPACITY", "REPLY_CAPACITY", "raise_remote"]
@@ -22,7 +23,9 @@ REPLY_CAPACITY = 1024 * 1024  # virtual until touched: pages are allocated on fi
 
 
 def raise_remote(error: P.RemoteError) -> None:
-    """Raises an env's exception that a worker sent back."""
+    """Raises an env's exception that a worker sent back (after the warnings
+    its env raised first)."""
+    warning_relay.show(error.warnings)
     exc = error.exc
     exc.__cause__ = RemoteTraceback(f"\n(in shmvec env {error.row})\n{error.tb}")
     raise exc
@@ -71,9 +74,10 @@ class Transport:
         self.channel.post(workers, code, tag, lens)
 
     def replies(self, workers: Iterable[int]) -> list[bytes]:
-        """Each finished worker's reply, fetching chunks of large ones; the
-        first env error (by env index) is raised after every reply is in."""
-        replies, errors = [], []
+        """Each finished worker's reply, fetching chunks of large ones. Once
+        every reply is in, the warnings their envs raised are shown, then
+        the first env error (by env index) is raised."""
+        replies, errors, forwarded = [], [], []
         for w in workers:
             status, length, total = self.channel.result(w)
             data = bytes(self._reply_areas[w][:length])
@@ -82,10 +86,15 @@ class Transport:
                 self._wait()
                 _, length, _ = self.channel.result(w)
                 data += bytes(self._reply_areas[w][:length])
-            if status == P.ERROR:
+            if status & P.WARNED:
+                shown, data = warning_relay.unframe(data)
+                forwarded += shown
+            if status & P.ERROR:
                 errors.append(P.loads(data))
             else:
                 replies.append(data)
+        if forwarded:
+            warning_relay.show(forwarded)
         if errors:
             raise_remote(min(errors, key=lambda e: e.row))
         return replies

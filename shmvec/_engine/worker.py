@@ -23,6 +23,7 @@ from shmvec._engine.caller_state import CallerRegistrations, take_environ, take_
 from shmvec._engine.system import close_arena_fds, pin_to_cpu
 from shmvec._engine.env_slice import EnvSlice, make_envs
 from shmvec._engine.thread_pools import hold_env_pools, hold_worker_pools
+from shmvec._engine.warning_relay import WorkerRelay
 
 __all__ = ["FdHandle", "WorkerSpec", "main", "CLOSE_GRACE_S"]
 
@@ -73,6 +74,8 @@ def main(spec: WorkerSpec) -> None:
         take_environ(spec.environ)
     if spec.warning_filters is not None:
         take_warning_filters(spec.warning_filters)
+    relay = WorkerRelay()  # what the filters show goes to the caller, with the reply
+    relay.install()
     if spec.start_method == "fork":
         # The parent-only fds are closed already (a fork hook in system.py).
         # Everything else inherited is the front end's: never finalize it
@@ -91,13 +94,17 @@ def main(spec: WorkerSpec) -> None:
     boot = _core.Mapping(spec.arena.fd, spec.fixed_size)
     channel = _core.WorkerChannel(boot, spec.index, spec.num_workers, spec.request_capacity,
                                   spec.reply_capacity, spec.parent_alive.fd)
-    Worker(spec, channel, boot).run()
+    try:
+        Worker(spec, channel, boot, relay).run()
+    finally:
+        relay.show_here()  # what no reply took (a close's last words, a front end gone)
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, channel: _core.WorkerChannel, boot: _core.Mapping):
+    def __init__(self, spec: WorkerSpec, channel: _core.WorkerChannel, boot: _core.Mapping, relay: WorkerRelay):
         self.spec = spec
         self.channel = channel
+        self.relay = relay
         buf = memoryview(boot)
         req_off, rep_off = _core.area_offsets(spec.num_workers, spec.request_capacity,
                                               spec.reply_capacity, spec.index)
@@ -157,7 +164,7 @@ class Worker:
             cmd = self.channel.wait_command()
             return (0, 0, 0, None) if cmd is None else (*cmd, None)
         try:
-            return self.channel.serve(stepper, P.dumps, P.encode_error, self.overflow)
+            return self.channel.serve(stepper, P.dumps, self.relay.encode_error, self.overflow, self.relay)
         except BaseException as exc:  # an env failed during a natively served step
             error = P.RemoteError.capture(exc, stepper.failed_row)
             pending = self._reply(P.ERROR, P.dumps(error))
@@ -214,6 +221,7 @@ class Worker:
     def _reply(self, status: int, data: bytes):
         """Sends a reply, in chunks if it is larger than the reply area.
         Returns a command that arrived instead of a chunk request, if any."""
+        status, data = self.relay.frame(status, data)
         capacity = len(self.reply_area)
         total = len(data)
         sent = min(total, capacity)

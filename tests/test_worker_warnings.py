@@ -1,0 +1,209 @@
+"""A warning an env raises in a worker reaches the caller, as under
+SyncVectorEnv: shown there once, recorded by `warnings.catch_warnings` and
+`pytest.warns` around the call that raised it, and subject to the caller's
+filters (one that turns it into an error raises it as the env's error)."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import threading
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from fault_envs import Boom
+from gymnasium import spaces
+from gymnasium.vector import SyncVectorEnv
+
+import shmvec
+
+STEP, WARN_THEN_RAISE, WARN_UNPICKLABLE = range(3)
+
+
+class UnpicklableWarning(UserWarning):
+    """A warning whose argument pickle refuses (a lock)."""
+
+
+class WarnEnv(gym.Env):
+    """Warns when made, in reset(), in every step (one message the same for
+    every env, one naming the env), in hello() and in close()."""
+
+    observation_space = spaces.Box(0, 1e6, (1,), np.float32)
+    action_space = spaces.Discrete(3)
+
+    def __init__(self, index: int):
+        self.index = index
+        self.t = 0
+        warnings.warn(f"env {index} made", UserWarning)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        warnings.warn("reset", UserWarning)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        warnings.warn("every env, every step", UserWarning)
+        warnings.warn(f"env {self.index} stepped", DeprecationWarning)
+        if action == WARN_THEN_RAISE:
+            warnings.warn(f"env {self.index} about to raise", RuntimeWarning)
+            raise Boom(f"env {self.index}")
+        if action == WARN_UNPICKLABLE:
+            warnings.warn(UnpicklableWarning(threading.Lock()))
+        return np.full(1, self.t, np.float32), 0.0, False, False, {}
+
+    def hello(self) -> int:
+        warnings.warn(f"env {self.index} called", UserWarning)
+        return self.index
+
+    def close(self):
+        warnings.warn(f"env {self.index} closed", UserWarning)
+
+
+def factories(num_envs: int) -> list:
+    return [functools.partial(WarnEnv, i) for i in range(num_envs)]
+
+
+def shown(record: list) -> list[tuple]:
+    """What a warning shows, of each warning recorded (and empties the record)."""
+    out = [(w.category, str(w.message), w.filename, w.lineno) for w in record]
+    record.clear()
+    return out
+
+
+def warnings_of_a_run(make, actions_per_step: list[np.ndarray]) -> dict[str, list]:
+    """The warnings shown by each call of a run, Python's default filter
+    applying (each message shown once where it was raised)."""
+    out = {}
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("default")
+        envs = make()
+        try:
+            out["made"] = shown(record)
+            envs.reset(seed=0)
+            out["reset"] = shown(record)
+            for k, actions in enumerate(actions_per_step):
+                envs.step(actions)
+                out[f"step {k}"] = shown(record)
+            envs.call("hello")
+            out["call"] = shown(record)
+        finally:
+            envs.close()
+        out["close"] = sorted(shown(record), key=str)  # shmvec closes its workers' envs first
+    return out
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(1, True), (1, False), (2, True), (4, False)])
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_workers_warnings_are_shown_in_the_caller_as_sync_vector_env_shows_them(num_workers, caller_steps,
+                                                                                start_method):
+    fns = factories(4)
+    steps = [np.zeros(4, np.int64)] * 3
+    expected = warnings_of_a_run(lambda: SyncVectorEnv(fns), steps)
+    got = warnings_of_a_run(lambda: shmvec.ShmVecEnv(fns, num_workers=num_workers, caller_steps=caller_steps,
+                                                     start_method=start_method), steps)
+    assert expected["step 0"] and not expected["step 1"]  # the test's premise: each is shown once
+    assert got == expected
+
+
+def test_under_spawn_too():
+    fns = factories(2)
+    steps = [np.zeros(2, np.int64)] * 2
+    expected = warnings_of_a_run(lambda: SyncVectorEnv(fns), steps)
+    got = warnings_of_a_run(lambda: shmvec.ShmVecEnv(fns, num_workers=1, caller_steps=False,
+                                                     start_method="spawn"), steps)
+    assert got == expected
+
+
+@pytest.fixture
+def made():
+    """Makes vector envs of WarnEnvs with one worker, under Python's default
+    filter (the one workers take then), and closes them quietly after the test."""
+    out = []
+
+    def make(num_envs: int = 2, **kwargs):
+        kwargs = {"num_workers": 1, "caller_steps": False, "start_method": "fork", **kwargs}
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            out.append(shmvec.ShmVecEnv(factories(num_envs), **kwargs))
+        return out[-1]
+
+    yield make
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for envs in out:
+            envs.close()
+
+
+def test_pytest_warns_around_a_step_records_a_workers_warning(made):
+    envs = made()
+    with pytest.warns(UserWarning, match="reset"):
+        envs.reset(seed=0)
+    with pytest.warns((UserWarning, DeprecationWarning)) as record:
+        envs.step(np.zeros(2, np.int64))
+    assert [str(w.message) for w in record] == ["every env, every step", "env 0 stepped", "env 1 stepped"]
+
+
+def test_async_mode_shows_the_workers_warnings(made):
+    envs = made(4, num_workers=2, batch_size=2)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("default")
+        envs.async_reset(seed=0)
+        envs.recv()
+        envs.recv()
+        assert [str(w.message) for w in record] == ["reset"]
+        record.clear()
+        envs.send(np.zeros(4, np.int64), np.arange(4))
+        envs.recv()
+        envs.recv()
+        assert sorted(str(w.message) for w in record) == sorted(
+            ["every env, every step"] + [f"env {i} stepped" for i in range(4)])
+
+
+@pytest.mark.parametrize("batch_size", [None, 1])
+def test_a_warning_before_an_env_error_is_shown_and_the_error_raised(batch_size, made):
+    envs = made(batch_size=batch_size)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        if batch_size is None:
+            envs.reset(seed=0)
+            with pytest.raises(Boom, match="env 1"):
+                envs.step(np.array([STEP, WARN_THEN_RAISE]))
+        else:
+            envs.async_reset(seed=0)
+            envs.recv()
+            envs.recv()
+            envs.send(np.array([WARN_THEN_RAISE]), np.array([1]))
+            with pytest.raises(Boom, match="env 1"):
+                envs.recv()
+    assert "env 1 about to raise" in [str(w.message) for w in record]
+
+
+def test_a_filter_the_caller_set_later_turns_the_warning_into_the_envs_error(made):
+    envs = made()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        envs.reset(seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="every env, every step"):
+            envs.step(np.zeros(2, np.int64))
+    with pytest.raises(RuntimeError, match="reset all envs"):  # as after any env error mid-batch
+        envs.step(np.zeros(2, np.int64))
+
+
+def test_a_warning_pickle_refuses_arrives_as_its_text(made):
+    with pytest.raises(TypeError):
+        pickle.dumps(UnpicklableWarning(threading.Lock()))
+    envs = made(start_method="forkserver")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        envs.reset(seed=0)
+        envs.step(np.array([STEP, WARN_UNPICKLABLE]))
+    unpicklable = [w for w in record if "lock" in str(w.message)]
+    assert len(unpicklable) == 1
+    assert issubclass(unpicklable[0].category, UserWarning)
+    assert unpicklable[0].filename == __file__
