@@ -80,6 +80,8 @@ def warnings_of_a_run(make, actions_per_step: list[np.ndarray]) -> dict[str, lis
     out = {}
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("default")
+        # Python 3.12+ warns the caller when fork() copies a process with threads (BLAS pools)
+        warnings.filterwarnings("ignore", message="This process .* is multi-threaded", category=DeprecationWarning)
         envs = make()
         try:
             out["made"] = shown(record)
