@@ -62,7 +62,6 @@ class AsyncSteps:
         self._info = engine.info_columns
         self._own = own
         self._own_overflow: dict[int, bytes] = {}  # the own slice's records too large for their slots
-        self._warned_only = False  # a record of the batch records() reads had warnings only
         # Each env's stepper: its worker, or num_workers for the caller's own slice.
         self._owner = [0] * engine.num_envs
         for w, rows in enumerate(engine.worker_rows):
@@ -239,9 +238,7 @@ class AsyncSteps:
     def records(self, rows: np.ndarray) -> list[StepRecord]:
         """The records of the envs of `rows` (an int64 array) that have one,
         in that order (see record())."""
-        self._warned_only = False
-        records = [self.record(row) for row in self._channel.rows_with_records(rows)]
-        return [record for record in records if record is not None] if self._warned_only else records
+        return [record for record in map(self.record, self._channel.rows_with_records(rows)) if record is not None]
 
     def record(self, row: int) -> StepRecord | None:
         """The record of an env's last async step (None if it has none);
@@ -268,7 +265,6 @@ class AsyncSteps:
                 self._engine.cycle.half_done(ENV_RAISED)
                 raise
             record = record.record
-            if record is None:
-                self._warned_only = True  # (records() leaves it out)
+            if record is None:  # warnings only
                 return None
         return StepRecord._make(record)

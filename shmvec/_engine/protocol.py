@@ -52,14 +52,14 @@ loads = pickle.loads
 class RemoteError:
     """An exception raised in a worker, with its traceback text and the env."""
 
-    def __init__(self, exc: BaseException, tb: str, row: int):
+    def __init__(self, exc: BaseException, tb: str, row: int, warnings: list | None = None):
         self.exc = exc
         self.tb = tb
         self.row = row
-        self.warnings: list = []  # an async step's, raised before the error (see warning_relay)
+        self.warnings = warnings or []  # an async step's, raised before the error (see warning_relay)
 
     @classmethod
-    def capture(cls, exc: BaseException, row: int) -> "RemoteError":
+    def capture(cls, exc: BaseException, row: int, warnings: list | None = None) -> "RemoteError":
         import traceback
 
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -68,12 +68,13 @@ class RemoteError:
         except Exception:  # unpicklable exceptions still reach the caller
             exc = RuntimeError(f"{type(exc).__name__}: {exc}")
         exc.__traceback__ = None
-        return cls(exc, tb, row)
+        return cls(exc, tb, row, warnings)
 
 
-def encode_error(exc: BaseException, row: int) -> bytes:
-    """An async env's exception as its record (recv() raises it)."""
-    return dumps(RemoteError.capture(exc, row))
+def encode_error(exc: BaseException, row: int, warnings: list | None = None) -> bytes:
+    """An async env's exception as its record (recv() raises it), with the
+    warnings its step raised before it."""
+    return dumps(RemoteError.capture(exc, row, warnings))
 
 
 class StepRecord(NamedTuple):

@@ -19,7 +19,6 @@ list-length check in the worker's native loop.
 
 from __future__ import annotations
 
-import pickle
 import sys
 import warnings
 from typing import Any, NamedTuple
@@ -92,9 +91,7 @@ class WorkerRelay:
 
     def encode_error(self, exc: BaseException, row: int) -> bytes:
         """An async step's error as its record, with the warnings kept during the step."""
-        error = P.RemoteError.capture(exc, row)
-        error.warnings = self.take()
-        return P.dumps(error)
+        return P.encode_error(exc, row, self.take())
 
     def show_here(self) -> None:
         """Shows what is still kept in this process (a worker on its way out)."""
@@ -104,10 +101,10 @@ class WorkerRelay:
 
 def _forwardable(message, category, filename, lineno, module) -> ForwardedWarning:
     try:
-        pickle.loads(P.dumps((message, category)))
+        P.dumps((message, category))
     except Exception:  # the warning's arguments (or its class) do not pickle: its text does
         try:
-            pickle.loads(P.dumps(category))
+            P.dumps(category)
         except Exception:
             category = UserWarning
         message = str(message)
