@@ -6,7 +6,9 @@ filters (one that turns it into an error raises it as the env's error)."""
 from __future__ import annotations
 
 import functools
+import os
 import pickle
+import signal
 import threading
 import warnings
 
@@ -61,6 +63,10 @@ class WarnEnv(gym.Env):
 
     def close(self):
         warnings.warn(f"env {self.index} closed", UserWarning)
+
+    def first_filter(self) -> str:
+        """The action of its process's first warning filter."""
+        return warnings.filters[0][0]
 
 
 def factories(num_envs: int) -> list:
@@ -146,7 +152,8 @@ def test_pytest_warns_around_a_step_records_a_workers_warning(made):
         envs.reset(seed=0)
     with pytest.warns((UserWarning, DeprecationWarning)) as record:
         envs.step(np.zeros(2, np.int64))
-    assert [str(w.message) for w in record] == ["every env, every step", "env 0 stepped", "env 1 stepped"]
+    assert [str(w.message) for w in record] == ["every env, every step", "env 0 stepped",
+                                                "every env, every step", "env 1 stepped"]
 
 
 def test_async_mode_shows_the_workers_warnings(made):
@@ -209,3 +216,129 @@ def test_a_warning_pickle_refuses_arrives_as_its_text(made):
     assert len(unpicklable) == 1
     assert issubclass(unpicklable[0].category, UserWarning)
     assert unpicklable[0].filename == __file__
+
+
+# -- filters the caller changes after the vector env is made -----------------
+
+
+def warnings_as_filters_change(make, num_envs: int) -> dict[str, list]:
+    """The warnings shown by each call of a run whose filters change between
+    calls: a message shown once is shown again once the filters change (as
+    Python does in any process), every one under "always", none that
+    "ignore" names."""
+    zeros = np.zeros(num_envs, np.int64)
+    out = {}
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("ignore")  # as the vector env is made
+        envs = make()
+        try:
+            warnings.simplefilter("default")
+            envs.reset(seed=0)
+            envs.step(zeros)
+            out["default"] = shown(record)
+            envs.step(zeros)
+            out["default, again"] = shown(record)
+            warnings.simplefilter("always")
+            envs.reset(seed=0)
+            envs.step(zeros)
+            out["always"] = shown(record)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            envs.step(zeros)
+            out["always, deprecations ignored"] = shown(record)
+            warnings.resetwarnings()
+            warnings.simplefilter("default")
+            envs.step(zeros)
+            envs.call("hello")
+            out["default after a reset of the filters"] = shown(record)
+        finally:
+            warnings.simplefilter("ignore")
+            envs.close()
+    return out
+
+
+@pytest.mark.parametrize("num_workers, caller_steps", [(1, False), (2, True)])
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_workers_follow_the_filters_the_caller_sets_later_as_sync_vector_env_does(num_workers, caller_steps,
+                                                                                   start_method):
+    fns = factories(4)
+    expected = warnings_as_filters_change(lambda: SyncVectorEnv(fns), 4)
+    got = warnings_as_filters_change(lambda: shmvec.ShmVecEnv(fns, num_workers=num_workers,
+                                                              caller_steps=caller_steps,
+                                                              start_method=start_method), 4)
+    # The premises: made under "ignore", nothing would reach the caller
+    # (until its filters reached the workers), and "always" shows each env's.
+    assert expected["default"] and not expected["default, again"]
+    assert len(expected["always"]) == 4 + 2 * 4
+    assert got == expected
+
+
+def test_pytest_warns_records_a_warning_the_worker_showed_before(made):
+    envs = made()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("default")
+        envs.reset(seed=0)  # shown once: the worker's registry remembers it
+        envs.step(np.zeros(2, np.int64))
+        assert [str(w.message) for w in record].count("every env, every step") == 1
+    with pytest.warns(UserWarning, match="reset"):
+        envs.reset(seed=0)
+    with pytest.warns((UserWarning, DeprecationWarning)) as record:
+        envs.step(np.zeros(2, np.int64))
+    assert [str(w.message) for w in record].count("every env, every step") == 2  # pytest.warns shows every one
+
+
+def test_in_async_mode_the_filters_reach_the_workers_with_a_reset(made):
+    envs = made(4, num_workers=2, batch_size=2)
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="reset") as record:
+            envs.async_reset(seed=0)
+            envs.recv()
+            envs.recv()
+        assert [str(w.message) for w in record].count("reset") == 4
+
+
+def test_unchanged_filters_are_not_sent_again(made, monkeypatch):
+    """A loop that steps inside a catch_warnings() of its own (a new list of
+    the same filters every time) costs the step path nothing."""
+    envs = made()
+    warnings.simplefilter("ignore")  # (pytest's test filters make warnings errors)
+    envs.reset(seed=0)
+    posted = []
+    post = envs._engine.transport.post
+    monkeypatch.setattr(envs._engine.transport, "post",
+                        lambda code, *args, **kwargs: posted.append(code) or post(code, *args, **kwargs))
+    for _ in range(3):
+        with warnings.catch_warnings():
+            envs.step(np.zeros(2, np.int64))
+    assert posted == []  # plain steps, posted natively
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        envs.step(np.zeros(2, np.int64))
+        envs.step(np.zeros(2, np.int64))
+    assert len(posted) == 1  # the first step under new filters took them
+
+
+def test_changed_filters_go_ahead_of_a_request_sent_in_chunks(made):
+    envs = made()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        envs.set_attr("payload", [bytes(200_000)] * 2)  # beyond the 64 KiB request area
+        assert envs.get_attr("payload") == (bytes(200_000),) * 2
+        assert [str(w.message) for w in record].count("env 1 called") == 0
+        assert envs.call("hello") == (0, 1)
+        assert [str(w.message) for w in record] == ["env 0 called", "env 1 called"]
+        assert envs.call("first_filter") == ("always", "always")
+
+
+def test_a_worker_restarted_under_other_filters_takes_the_callers_again(made):
+    envs = made(restart_failed_workers=True)
+    warnings.simplefilter("ignore")
+    envs.reset(seed=0)  # the worker takes "ignore"
+    os.kill(envs._engine.pool.processes[0].pid, signal.SIGKILL)
+    envs._engine.pool.processes[0].join()
+    envs.step_async(np.zeros(2, np.int64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        envs.step_wait()  # the new worker starts here, under "always"
+    assert envs._engine.restarts == 1
+    # The caller's filters are again the list the old worker took; the new one must take it too.
+    assert envs.call("first_filter") == ("ignore", "ignore")

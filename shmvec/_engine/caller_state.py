@@ -15,12 +15,15 @@ that it sees what a forked one would.
   and is called once more. Only then: a factory that registers ids itself
   (``gym.register_envs(ale_py)``) would otherwise be warned that it
   overrides them.
-- **Warning filters** (forkserver and spawn): the caller's, as they are
-  when the worker is started (a ``warnings.filterwarnings`` in the main
+- **Warning filters**: the caller's, as they are when the worker is
+  started (forkserver and spawn: a ``warnings.filterwarnings`` in the main
   guard that silences an env's warnings, say), in place of the worker's
-  own. A filter whose category the worker cannot import is left out. A
-  warning an env raises in a worker is shown there, as in fork's workers,
-  and never reaches the caller's ``warnings.catch_warnings``.
+  own, and again whenever the caller has changed them by the time it
+  begins a command (every start method: ``FilterSync``): a worker then
+  decides as the caller would, and, as any process whose filters change,
+  shows again what it showed once (what it shows goes to the caller:
+  warning_relay). A filter whose category the worker cannot import is
+  left out.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import cloudpickle
 import gymnasium as gym
 
 __all__ = ["caller_environ", "caller_registrations", "caller_warning_filters", "take_environ",
-           "take_warning_filters", "CallerRegistrations"]
+           "take_warning_filters", "CallerRegistrations", "FilterSync"]
 
 # Each registered spec pickled once: (the spec, its bytes), by id.
 _pickled_specs: dict[str, tuple[Any, bytes | None]] = {}
@@ -52,13 +55,15 @@ def take_environ(environ: dict[str, str]) -> None:
 
 
 def caller_warning_filters(start_method: str) -> list[bytes] | None:
-    """The caller's warning filters, each pickled (action, message and
-    module patterns, category, line), for a worker that does not inherit
-    them; one that cannot be pickled is left out."""
-    if start_method == "fork":
-        return None
+    """The caller's warning filters, for a worker that does not inherit them."""
+    return None if start_method == "fork" else pickled_filters(warnings.filters)
+
+
+def pickled_filters(filters: list) -> list[bytes]:
+    """Warning filters, each pickled (action, message and module patterns,
+    category, line); one that cannot be pickled is left out."""
     pickled = []
-    for action, message, category, module, lineno in warnings.filters:
+    for action, message, category, module, lineno in filters:
         try:
             pickled.append(cloudpickle.dumps((action, message.pattern if message else "", category,
                                               module.pattern if module else "", lineno)))
@@ -77,6 +82,44 @@ def take_warning_filters(pickled: list[bytes]) -> None:
         except Exception:  # a category this worker cannot import: as if the filter were not there
             continue
         warnings.filterwarnings(action, message, category, module, lineno, append=True)
+
+
+class FilterSync:
+    """In the caller: whether its warning filters differ from those its
+    workers last took (its own when the workers started).
+
+    Asked as every command begins, so cheap when nothing changed: a few
+    identity checks while the filter list is the one seen last; the whole
+    list is compared only when it is another one (each
+    ``warnings.catch_warnings()`` makes a copy: a loop that steps inside one
+    of its own sends nothing). A change that leaves the list equal to the
+    one the workers took is not sent; in the caller it makes what was shown
+    once show again, in the workers not."""
+
+    def __init__(self):
+        self.taken(warnings.filters)
+
+    def changed(self) -> list | None:
+        """The caller's filters, if the workers have others; else None."""
+        filters = warnings.filters
+        if filters is self._list and len(filters) == self._len and (not filters or filters[0] is self._first):
+            return None
+        if filters == self._content:
+            self._seen(filters)
+            return None
+        return list(filters)
+
+    def taken(self, filters: list) -> None:
+        """The workers took `filters` (they are the caller's now)."""
+        self._content = list(filters)
+        self._seen(warnings.filters)
+
+    def forget(self) -> None:
+        """A worker was restarted with the caller's filters of then: send them all again."""
+        self._list = self._content = None
+
+    def _seen(self, filters: list) -> None:
+        self._list, self._len, self._first = filters, len(filters), filters[0] if filters else None
 
 
 def caller_registrations(start_method: str) -> dict[str, bytes] | None:

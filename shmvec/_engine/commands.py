@@ -22,6 +22,7 @@ import numpy as np
 
 from shmvec import _core
 from shmvec._engine import protocol as P
+from shmvec._engine.caller_state import FilterSync, pickled_filters
 from shmvec._engine.cycle import (BROKEN, CLOSED, ENV_RAISED, IDLE, INTERRUPTED, NEEDS_RESET, WAITING_CALL,
                                   WAITING_RESET, WAITING_STEP)
 from shmvec._engine.env_slice import EnvSlice
@@ -74,6 +75,8 @@ class CommandRunner:
     """The commands of ``Engine`` (its base class), over its cycle, pool,
     transport, channel and caller slice."""
 
+    filter_sync: FilterSync  # the caller's warning filters, as its workers last took them
+
     def _wait_out_unread(self) -> None:
         """Waits out a command whose results nobody will read (the workers'
         part of a batch whose caller slice was interrupted): its replies are
@@ -104,7 +107,9 @@ class CommandRunner:
         request), it stays in flight, for finish() to collect; before, the
         call never began."""
         self.check_owner()
-        plain_step = code == P.STEP and requests is None
+        # Warning filters the caller set since the workers last took theirs go with the command.
+        filters = self.filter_sync.changed() if self.num_workers else None
+        plain_step = code == P.STEP and requests is None and filters is None
         command = _Command(code, caller_fn, plain_step, collect)
         posted = self._channel.posted_id if self.num_workers else 0
         phase = _PHASE_OF[code]
@@ -132,7 +137,7 @@ class CommandRunner:
                 if plain_step:
                     self._channel.post_step_all()
                 else:
-                    self.transport.post(code, requests)
+                    self.post(code, requests, filters)
         except BaseException:
             if self.num_workers and self._channel.posted_id != posted and not (
                     requests is not None and self.transport.sending_chunks):
@@ -140,6 +145,16 @@ class CommandRunner:
             self._command = None
             self.cycle.finish()
             raise
+
+    def post(self, code: int, requests: list[bytes] | None, filters: list | None) -> None:
+        """Posts a command to every worker, with `filters` (FilterSync.changed()'s) ahead of its requests."""
+        if filters is None:
+            self.transport.post(code, requests)
+            return
+        head = P.dumps(pickled_filters(filters))
+        requests = requests or [b""] * self.num_workers
+        self.transport.post(code | P.TAKE_FILTERS, [P.prefixed(head, r) for r in requests])
+        self.filter_sync.taken(filters)
 
     def finish(self, timeout: float | None = None, build: Callable[[Any], Any] | None = None):
         """Runs the caller's slice, then waits for the workers; returns the

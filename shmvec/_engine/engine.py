@@ -22,6 +22,7 @@ import numpy as np
 from shmvec import _core
 from shmvec._engine import protocol as P
 from shmvec._engine.async_steps import RECORD_CAPACITY, AsyncSteps
+from shmvec._engine.caller_state import FilterSync
 from shmvec._engine.commands import CommandRunner, _Command
 from shmvec._engine.cpus import WorkerPlacement
 from shmvec._engine.cycle import BROKEN, CLOSED, CommandCycle
@@ -138,6 +139,7 @@ class Engine(CommandRunner):
         self._placement = WorkerPlacement(self.pool, follows) if watched else None
         self._reset_mask: np.ndarray | None = None  # the last reset's
         self.restarted_rows: list[int] = []  # envs restarted by the last command (or recv)
+        self.filter_sync = FilterSync()  # the workers start with the caller's filters of now
         self._command: _Command | None = None  # begun, results not yet collected
         # The command finish() completed last, until the front end's call
         # returns its result (see finish()).
@@ -294,6 +296,7 @@ class Engine(CommandRunner):
             self.transport.request(P.MARK_RESTARTED, None, [w])
             self.info_columns.forget(w + (1 if self._caller is not None else 0))
             self.restarted_rows += list(self.worker_rows[w])
+            self.filter_sync.forget()  # it took the caller's filters of now
             if self._placement is not None:
                 self._placement.forget()
 
@@ -327,7 +330,8 @@ class Engine(CommandRunner):
             try:
                 if self._channel.busy:
                     self._wait_out_unread()
-                self.transport.request(P.CLOSE)
+                self.post(P.CLOSE, None, self.filter_sync.changed())  # envs' close() may warn
+                self.transport.collect(range(self.num_workers))
             except BaseException as exc:  # a broken worker must not stop the shutdown
                 errors.append(exc)
                 graceful = False

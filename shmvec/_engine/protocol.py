@@ -28,9 +28,15 @@ INFO_SCHEMA = 11  # the keys and value types of the worker's info columns
 MARK_RESTARTED = 12  # every env of the worker is new: its next step reports the restart
 STARTED = 13  # a worker's first command, answered as it begins to make its envs
 
+# A flag on a command's code: the caller's warning filters, which it changed
+# since the worker last took them, come ahead of the request (caller_state).
+TAKE_FILTERS = 0x100
+
 OK = 0
 ERROR = 1
 WARNED = 2  # a flag on a reply's status: warnings come ahead of its bytes (see warning_relay)
+
+_LENGTH_BYTES = 8
 
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
@@ -47,6 +53,17 @@ def dumps(obj: Any) -> bytes:
 
 
 loads = pickle.loads
+
+
+def prefixed(head: bytes, data: bytes) -> bytes:
+    """`head` ahead of a request's or reply's bytes (see split_prefixed)."""
+    return len(head).to_bytes(_LENGTH_BYTES, "little") + head + data
+
+
+def split_prefixed(data: bytes) -> tuple[bytes, bytes]:
+    """The head that prefixed() put ahead of `data`, and the rest."""
+    n = int.from_bytes(data[:_LENGTH_BYTES], "little")
+    return data[_LENGTH_BYTES:_LENGTH_BYTES + n], data[_LENGTH_BYTES + n:]
 
 
 class RemoteError:

@@ -3,9 +3,9 @@
 Under SyncVectorEnv an env's warning is shown in the caller's process: its
 filters decide, `warnings.catch_warnings(record=True)` and `pytest.warns`
 around the call record it, and a message is shown once however many envs
-raise it. A worker's filters are the caller's as they were when the vector
-env was made (see caller_state), and they still decide there what is raised
-as an error, ignored or shown. What they would show is kept instead
+raise it. A worker's filters are the caller's (caller_state.FilterSync
+sends them again with the first command after the caller changes them),
+and they decide there what is raised as an error, ignored or shown. What they would show is kept instead
 (`WorkerRelay`) and goes back with the reply of the command that raised it:
 framed ahead of a reply's bytes (`frame`/`unframe`, status bit
 `protocol.WARNED`), or, for an async step, inside the env's record
@@ -26,8 +26,6 @@ from typing import Any, NamedTuple
 from shmvec._engine import protocol as P
 
 __all__ = ["ForwardedWarning", "Warned", "WorkerRelay", "unframe", "show"]
-
-_LENGTH_BYTES = 8
 
 
 class ForwardedWarning(NamedTuple):
@@ -82,8 +80,7 @@ class WorkerRelay:
         """A reply with the kept warnings ahead of its bytes (see unframe)."""
         if not self.pending:
             return status, data
-        kept = P.dumps(self.take())
-        return status | P.WARNED, len(kept).to_bytes(_LENGTH_BYTES, "little") + kept + data
+        return status | P.WARNED, P.prefixed(P.dumps(self.take()), data)
 
     def wrap(self, record: Any) -> Warned:
         """An async step's record, with the warnings kept during the step."""
@@ -113,8 +110,8 @@ def _forwardable(message, category, filename, lineno, module) -> ForwardedWarnin
 
 def unframe(data: bytes) -> tuple[list[ForwardedWarning], bytes]:
     """The warnings ahead of a reply flagged WARNED, and the reply itself."""
-    n = int.from_bytes(data[:_LENGTH_BYTES], "little")
-    return P.loads(data[_LENGTH_BYTES:_LENGTH_BYTES + n]), data[_LENGTH_BYTES + n:]
+    kept, data = P.split_prefixed(data)
+    return P.loads(kept), data
 
 
 # Registries of modules the caller has not imported, by module (or file) name:

@@ -153,6 +153,10 @@ class Worker:
                 if arg == self.chunk_tag:  # else they are stale: drop them
                     request = b"".join(self.chunks) + request
                 self.chunks.clear()
+            if code & P.TAKE_FILTERS:  # the caller changed its warning filters: this worker takes them
+                code &= ~P.TAKE_FILTERS
+                filters, request = P.split_prefixed(request)
+                take_warning_filters(P.loads(filters))
             status, reply = self._handle(code, request)
             command = self._reply(status, reply)
             if code == P.CLOSE:
