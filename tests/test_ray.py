@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 from helpers import skip_unless_gymnasium
 
@@ -622,3 +623,43 @@ def test_ray_front_end_without_ray_names_the_extra():
 def test_ray_front_end_is_reached_from_import_shmvec_alone():
     code = "import shmvec; assert shmvec.ray.RayVecEnv.__name__ == 'RayVecEnv'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=TESTS)
+
+
+# -- warnings the envs raise in the actors --------------------------------------
+
+
+@pytest.mark.parametrize("workers", [FAST, {"start_method": "fork", "num_workers": 1, "caller_steps": False}],
+                         ids=["actors-step", "actors-workers"])
+def test_env_warnings_reach_the_driver_as_sync_vector_env_shows_them(workers):
+    from test_worker_warnings import factories, warnings_of_a_run
+
+    fns = factories(4)
+    steps = [np.zeros(4, np.int64)] * 2
+    expected = warnings_of_a_run(lambda: SyncVectorEnv(fns), steps)
+    got = warnings_of_a_run(lambda: RayVecEnv(fns, 2, **workers), steps)
+    assert expected["step 0"] and not expected["step 1"]  # the premise: each is shown once
+    assert got == expected
+
+
+def test_a_warning_before_an_env_error_reaches_the_driver_first(closing):
+    from test_worker_warnings import WARN_THEN_RAISE, factories
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        envs = RayVecEnv(factories(4), 2, **FAST)
+        closing(envs)
+        envs.reset(seed=0)
+        with pytest.raises(Boom, match="env 3"):
+            envs.step(np.array([0, 0, 0, WARN_THEN_RAISE]))
+        messages = [str(w.message) for w in record]
+    assert "env 3 about to raise" in messages and "env 0 stepped" in messages
+
+
+def test_async_mode_recv_shows_the_warnings_of_its_envs(closing):
+    from test_worker_warnings import check_recv_shows_the_warnings_of_its_envs, factories
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the envs' warnings when made
+        envs = RayVecEnv(factories(4), 2, batch_size=2, **FAST)
+    closing(envs)
+    check_recv_shows_the_warnings_of_its_envs(envs)

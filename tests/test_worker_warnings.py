@@ -88,6 +88,7 @@ def warnings_of_a_run(make, actions_per_step: list[np.ndarray]) -> dict[str, lis
         warnings.simplefilter("default")
         # Python 3.12+ warns the caller when fork() copies a process with threads (BLAS pools)
         warnings.filterwarnings("ignore", message="This process .* is multi-threaded", category=DeprecationWarning)
+        warnings.simplefilter("ignore", shmvec.PerformanceWarning)  # shmvec's own (torch's threads), once a process
         envs = make()
         try:
             out["made"] = shown(record)
@@ -156,8 +157,9 @@ def test_pytest_warns_around_a_step_records_a_workers_warning(made):
                                                 "every env, every step", "env 1 stepped"]
 
 
-def test_async_mode_shows_the_workers_warnings(made):
-    envs = made(4, num_workers=2, batch_size=2)
+def check_recv_shows_the_warnings_of_its_envs(envs) -> None:
+    """Async mode, 4 envs in batches of 2: recv() shows what their resets
+    and steps raised, under Python's default filter."""
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("default")
         envs.async_reset(seed=0)
@@ -170,6 +172,10 @@ def test_async_mode_shows_the_workers_warnings(made):
         envs.recv()
         assert sorted(str(w.message) for w in record) == sorted(
             ["every env, every step"] + [f"env {i} stepped" for i in range(4)])
+
+
+def test_async_mode_shows_the_workers_warnings(made):
+    check_recv_shows_the_warnings_of_its_envs(made(4, num_workers=2, batch_size=2))
 
 
 @pytest.mark.parametrize("batch_size", [None, 1])
@@ -233,6 +239,7 @@ def warnings_as_filters_change(make, num_envs: int) -> dict[str, list]:
         envs = make()
         try:
             warnings.simplefilter("default")
+            warnings.simplefilter("ignore", shmvec.PerformanceWarning)
             envs.reset(seed=0)
             envs.step(zeros)
             out["default"] = shown(record)
@@ -247,6 +254,7 @@ def warnings_as_filters_change(make, num_envs: int) -> dict[str, list]:
             out["always, deprecations ignored"] = shown(record)
             warnings.resetwarnings()
             warnings.simplefilter("default")
+            warnings.simplefilter("ignore", shmvec.PerformanceWarning)
             envs.step(zeros)
             envs.call("hello")
             out["default after a reset of the filters"] = shown(record)

@@ -20,12 +20,13 @@ list-length check in the worker's native loop.
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 from typing import Any, NamedTuple
 
 from shmvec._engine import protocol as P
 
-__all__ = ["ForwardedWarning", "Warned", "WorkerRelay", "unframe", "show"]
+__all__ = ["ForwardedWarning", "Warned", "WorkerRelay", "unframe", "unwrapped", "show"]
 
 
 class ForwardedWarning(NamedTuple):
@@ -37,26 +38,30 @@ class ForwardedWarning(NamedTuple):
 
 
 class Warned(NamedTuple):
-    """An async step's record (or None) and the warnings its env raised."""
+    """An async step's record (or None), or a Ray actor's result, and the
+    warnings raised while it was made."""
 
     record: Any
     warnings: list
 
 
 class WorkerRelay:
-    """In a worker: keeps what its warning filters would show."""
+    """In a worker (or a Ray actor): keeps what its warning filters would
+    show, of the warnings raised on `thread` (None: on any thread)."""
 
-    def __init__(self):
+    def __init__(self, thread: int | None = None):
         self.pending: list[ForwardedWarning] = []  # the native serve loop checks its length
         self._show_here = warnings.showwarning
         self._modules: dict[str, str | None] = {}  # file name -> module name
         self._forwarding = False
+        self._thread = thread
 
     def install(self) -> None:
         warnings.showwarning = self._keep  # the documented hook: called once the filters chose to show
 
     def _keep(self, message, category, filename, lineno, file=None, line=None) -> None:
-        if file is not None or self._forwarding:  # written to a file on purpose, or raised while we pickle
+        if (file is not None or self._forwarding  # written to a file on purpose, or raised while we pickle
+                or self._thread is not None and threading.get_ident() != self._thread):
             self._show_here(message, category, filename, lineno, file, line)
             return
         self._forwarding = True
@@ -73,7 +78,11 @@ class WorkerRelay:
         return self._modules[filename]
 
     def take(self) -> list[ForwardedWarning]:
-        taken, self.pending[:] = list(self.pending), []
+        # In place (the native loop holds the list); one that another thread
+        # appends meanwhile stays for the next take.
+        n = len(self.pending)
+        taken = self.pending[:n]
+        del self.pending[:n]
         return taken
 
     def frame(self, status: int, data: bytes) -> tuple[int, bytes]:
@@ -106,6 +115,15 @@ def _forwardable(message, category, filename, lineno, module) -> ForwardedWarnin
             category = UserWarning
         message = str(message)
     return ForwardedWarning(message, category, filename, lineno, module)
+
+
+def unwrapped(result: Any) -> Any:
+    """A result that may carry warnings (`Warned`): shows them, and returns
+    the result itself."""
+    if type(result) is Warned:
+        show(result.warnings)
+        return result.record
+    return result
 
 
 def unframe(data: bytes) -> tuple[list[ForwardedWarning], bytes]:

@@ -4,7 +4,10 @@ envs, sized from the CPUs Ray granted the actor."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -12,6 +15,7 @@ import numpy as np
 import ray
 
 from shmvec._engine.cycle import NEEDS_RESET
+from shmvec._engine.warning_relay import Warned, WorkerRelay
 from shmvec.ray.batches import LeafBatches
 from shmvec.ray.infos import merge_infos
 from shmvec.ray.scheduler import ActorBatch, ErrorInAnotherCall
@@ -22,6 +26,40 @@ __all__ = ["SliceHost", "shmvec_env_for_grant"]
 # How long a waiting recv() in an actor waits at a time before it looks
 # whether the actor is closing.
 WAIT_SLICE_S = 0.1
+
+
+# This actor process's: what its envs warn goes to the driver (see relayed()).
+_relay: WorkerRelay | None = None
+
+
+def _install_relay() -> None:
+    """Keeps the warnings raised on the actor's event loop, where its
+    ShmVecEnv runs (its workers' come back there), for the driver, which
+    shows them under its own filters. Here each is kept once per place
+    (Python's "default" filter), whatever this Ray worker's filters were:
+    they hide DeprecationWarnings, which the driver's may show."""
+    global _relay
+    if _relay is None:
+        warnings.simplefilter("default")
+        _relay = WorkerRelay(thread=threading.get_ident())
+        _relay.install()
+
+
+def relayed(method):
+    """An actor method whose result the driver fetches: the warnings kept
+    while it ran go with its result (``Warned``), or with its exception
+    (its ``shmvec_warnings``). Calls that wait (recv) let others run on the
+    event loop meanwhile: a warning then goes with whichever ends first."""
+    @functools.wraps(method)
+    async def with_warnings(self, *args, **kwargs):
+        try:
+            result = await method(self, *args, **kwargs)
+        except Exception as exc:
+            if _relay is not None and _relay.pending:
+                exc.shmvec_warnings = _relay.take()
+            raise
+        return Warned(result, _relay.take()) if _relay is not None and _relay.pending else result
+    return with_warnings
 
 
 def _granted_workers(num_envs: int, caller_steps: bool) -> int:
@@ -56,11 +94,13 @@ class SliceHost:
     takes send()s, calls and the rest meanwhile. Everything that touches the
     ShmVecEnv runs on the event loop's thread, one call at a time. Results
     carry the ShmVecEnv's count of worker restarts (the RayVecEnv's budget
-    counts them)."""
+    counts them), and the warnings its envs raised (``relayed``)."""
 
     envs: ShmVecEnv | None = None
 
+    @relayed
     async def start(self, env_fns: list, batch_size: int | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        _install_relay()
         if self.envs is not None:  # Ray said the actor restarted, though it did not: start afresh
             self.envs.close(terminate=True)
         self.envs = shmvec_env_for_grant(env_fns, batch_size, kwargs)
@@ -76,22 +116,27 @@ class SliceHost:
     def _restarts(self) -> int:
         return self.envs._engine.restarts
 
+    @relayed
     async def restarted(self, last_observations: Any) -> None:
         """This actor was rebuilt: every env's next step reports its restart,
         truncated at `last_observations` (None: never handed out)."""
         self.envs._restarted(last_observations)
 
+    @relayed
     async def reset(self, seed: list, options: dict | None):
         return (*self.envs.reset(seed=seed, options=options), self._restarts())
 
+    @relayed
     async def step(self, actions: Any):
         return (*self.envs.step(actions), self._restarts())
 
+    @relayed
     async def async_reset(self, seed: list, options: dict | None, epoch: int) -> None:
         self._epoch = epoch
         self.envs.async_reset(seed=seed, options=options)
 
     async def send(self, actions: Any, env_ids: np.ndarray, epoch: int) -> None:
+        # (Not relayed: the driver fetches no result. What it warns goes with the next call's.)
         # Dropped when it is not to step the envs, or would only fail where
         # nobody fetches its result (Ray logs such errors as unhandled):
         # - Ray runs an async actor's calls in any order: a send() the
@@ -104,6 +149,7 @@ class SliceHost:
             return
         self.envs.send(actions, env_ids)
 
+    @relayed
     async def recv(self, count: int):
         """The first `count` envs of this slice to finish (the ShmVecEnv
         receives one at a time, so any count can be asked for); None once
@@ -141,12 +187,15 @@ class SliceHost:
                 return True  # recv() tells a hung worker (restarted or TimeoutError)
         return True
 
+    @relayed
     async def call(self, name: str, args: tuple, kwargs: dict) -> tuple:
         return self.envs.call(name, *args, **kwargs)
 
+    @relayed
     async def set_attr(self, name: str, values: list) -> None:
         self.envs.set_attr(name, values)
 
+    @relayed
     async def close(self) -> None:
         self._closing = True
         async with self._recv_lock:  # a waiting recv() stops within WAIT_SLICE_S

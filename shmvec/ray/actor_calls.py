@@ -14,6 +14,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from shmvec._engine.cycle import ENV_RAISED, CommandCycle
+from shmvec._engine.warning_relay import show, unwrapped
 from shmvec.errors import ShmVecError, WorkerDiedError
 from shmvec.ray.actor import SliceHost
 from shmvec.ray.errors import ActorDiedError
@@ -28,6 +29,12 @@ REVIVE_TIMEOUT_S = 60.0
 # Ray queues an actor, without a word, until the cluster has the resources it
 # asks for: after this long, RayVecEnv says which actors wait and what for.
 STARTUP_NOTICE_S = 30.0
+
+
+def warnings_of(exc: BaseException) -> list:
+    """The warnings an actor's call raised before it failed with `exc`
+    (``relayed``), as Ray raises it in the driver (the actor's exception is its cause)."""
+    return getattr(exc, "shmvec_warnings", None) or getattr(getattr(exc, "cause", None), "shmvec_warnings", None) or []
 
 
 class ActorCalls:
@@ -91,20 +98,25 @@ class ActorCalls:
         return self._get([call(k, self._actors[k]) for k in actors], actors)
 
     def _get(self, refs: list, actors: Sequence[int]) -> list:
-        """ray.get of calls made to `actors` (one each); a dead actor raises
-        ActorDiedError naming the actor of the call that failed (Ray's error
-        may not say which: its actor_id can be None)."""
+        """ray.get of calls made to `actors` (one each), showing the warnings
+        their envs raised (all of them before an env's error, as a ShmVecEnv
+        shows its workers'); a dead actor raises ActorDiedError naming the
+        actor of the call that failed (Ray's error may not say which: its
+        actor_id can be None)."""
         try:
-            return ray.get(refs)
-        except RayActorError as exc:
+            results = ray.get(refs)
+        except Exception as exc:
             error = exc
+        else:
+            return [unwrapped(result) for result in results]
         for k, ref in zip(actors, refs):
             try:
-                ray.get(ref)
+                unwrapped(ray.get(ref))
             except RayActorError as exc:
-                raise ActorDiedError(k, self.slices[k], str(exc).strip().splitlines()[0]) from exc
-            except Exception:
-                pass  # another call's error: not the actor that died
+                if isinstance(error, RayActorError):
+                    raise ActorDiedError(k, self.slices[k], str(exc).strip().splitlines()[0]) from exc
+            except Exception as exc:  # an env's error (or a warning the driver's filters make one)
+                show(warnings_of(exc))
         raise error
 
     def _revive(self, k: int, reason: str) -> None:

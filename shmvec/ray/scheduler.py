@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import ray
 
+from shmvec._engine.warning_relay import unwrapped
 from shmvec.ray.batches import LeafBatches
 from shmvec.ray.infos import merge_infos
 
@@ -68,8 +69,11 @@ class AsyncScheduler:
         """Forgets every env in flight (for async_reset), once the calls in
         progress have landed (each actor's ShmVecEnv drops what is still in
         flight); returns the epoch of the reset to come."""
-        if self._calls:
-            ray.wait(list(self._calls), num_returns=len(self._calls))
+        for ref in self._calls:
+            try:
+                unwrapped(ray.get(ref))  # dropped, but not the warnings its envs raised
+            except Exception:  # the reset to come ends what failed
+                pass
         self._calls.clear()
         self._results.clear()
         self.epoch += 1

@@ -22,6 +22,7 @@ from shmvec.contract import (AttributesByCall, check_async, check_async_reset_op
 from shmvec._engine.cycle import ENV_RAISED, NEEDS_RESET, CommandCycle
 from shmvec._engine.plan import split_slices
 from shmvec._engine.pool import CLOSE_GRACE_S
+from shmvec._engine.warning_relay import unwrapped
 from shmvec.ray.actor_calls import ActorCalls
 from shmvec.ray.batches import LeafBatches
 from shmvec.ray.errors import ActorDiedError
@@ -298,7 +299,13 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         if not actors or not ray.is_initialized():
             return
         if not terminate:
-            ray.wait([actor.close.remote() for actor in actors], num_returns=len(actors), timeout=CLOSE_GRACE_S)
+            refs = [actor.close.remote() for actor in actors]
+            closed, _ = ray.wait(refs, num_returns=len(refs), timeout=CLOSE_GRACE_S)
+            for ref in closed:  # the warnings the envs' close() raised
+                try:
+                    unwrapped(ray.get(ref))
+                except Exception:  # close() goes on (an env's error here is the actor's to log)
+                    pass
         for actor in actors:
             ray.kill(actor)
 
