@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -36,6 +37,13 @@ def sync_pair(fns: list, mode: AutoresetMode | None = None, **kwargs: Any) -> tu
 
     return (shmvec.ShmVecEnv(fns, **autoreset_kwargs(mode), **kwargs),
             SyncVectorEnv(fns, **autoreset_kwargs(mode)))
+
+
+def quick_by_default(axes: list[list], *quick: tuple) -> list:
+    """Every combination of `axes`, for a parametrize; all but the `quick` ones
+    are heavy (run with -m heavy), so that the default run keeps a few of the grid."""
+    return [combo if combo in quick else pytest.param(*combo, marks=pytest.mark.heavy)
+            for combo in itertools.product(*axes)]
 
 
 def needs_gymnasium_1(what: str) -> pytest.MarkDecorator:

@@ -109,6 +109,7 @@ def test_module_callable_json_table_and_plot(tmp_path, capsys):
         assert "matplotlib is not installed" in captured.out + captured.err
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("flags", "pin_workers"), [([], "auto"), (["--no-pin-workers"], False)])
 def test_json_records_the_options_really_used(tmp_path, flags, pin_workers, closing):
     out = tmp_path / "out.json"
@@ -132,6 +133,7 @@ def test_json_records_the_options_really_used(tmp_path, flags, pin_workers, clos
     assert "workers" not in runs["sync"] and "pinned" not in runs["sync"]
 
 
+@pytest.mark.heavy
 def test_shmvec_unpinned_row_runs_the_same_env_with_workers_unpinned(tmp_path):
     # Pinned and unpinned side by side in one run: the measurement behind
     # the pin_workers default.
@@ -155,6 +157,7 @@ class CountingEnv(NoopEnv):
         return super().step(action)
 
 
+@pytest.mark.heavy
 def test_uncoupled_row_steps_each_share_in_a_plain_loop_of_its_own(tmp_path, capsys):
     # The reference that tells lock-step's cost apart: one plain loop per
     # usable CPU over its share of the envs, none waiting for another.
@@ -241,6 +244,7 @@ def test_json_records_workers_given(tmp_path):
     assert report["results"][0]["workers"] == 2
 
 
+@pytest.mark.heavy
 def test_missing_and_capped_peers_are_skipped_with_a_note(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(PEERS, "dummy", dataclasses.replace(PEERS["dummy"], requires="shmvec_no_such_module"))
     out = tmp_path / "out.json"
@@ -261,6 +265,7 @@ def test_an_env_that_fails_is_a_note_not_a_crash(capsys):
     assert "nothing could be measured" in err
 
 
+@pytest.mark.heavy
 def test_a_performance_warning_is_one_note_not_one_per_measurement(tmp_path, capfd):
     out = tmp_path / "out.json"
     assert bench("test_bench_cli:SecondEnvWarns", "--num-envs", "2,3", "--backends", "shmvec", "--workers", "0",
@@ -271,6 +276,7 @@ def test_a_performance_warning_is_one_note_not_one_per_measurement(tmp_path, cap
     assert "shmvec on test_bench_cli:SecondEnvWarns: pass fast=True to run faster" in json.loads(out.read_text())["notes"]
 
 
+@pytest.mark.heavy
 def test_what_the_envs_print_is_one_note_not_a_line_per_env(tmp_path, capfd):
     out = tmp_path / "out.json"
     assert bench("test_bench_cli:PrintsFromC", "--num-envs", "2,3", "--backends", "shmvec,sync,uncoupled,async",
@@ -402,6 +408,7 @@ def test_a_measuring_process_ends_with_the_bench(tmp_path):
     assert not os.path.exists(printed_into)
 
 
+@pytest.mark.heavy
 def test_passes_give_medians_with_min_and_max(tmp_path):
     out = tmp_path / "out.json"
     assert bench("shmvec.testing:NoopEnv", "--num-envs", "2", "--backends", "sync", "--json", str(out),
@@ -450,6 +457,7 @@ def test_busy_runs_hogs_and_leaves_none_behind(tmp_path, monkeypatch):
     assert (settings["busy"], settings["busy_apart"]) == (1, False)
 
 
+@pytest.mark.heavy
 def test_busy_late_starts_the_hogs_after_the_warmup_and_leaves_none_behind(tmp_path, monkeypatch):
     """--busy-late: other programs that start while the envs step. The
     hogs start in the measuring process, once its vector env has been made
@@ -507,6 +515,7 @@ def test_hogs_are_stopped_on_an_error():
     assert not pids & _hogs()
 
 
+@pytest.mark.heavy
 def test_policy_mlp(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "out.json"
@@ -567,6 +576,7 @@ def test_cnn_policy_acts_on_images_channels_first_or_last():
         measure.cnn_policy(spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Box(-1, 1, (2,)))
 
 
+@pytest.mark.heavy
 def test_policy_cnn(tmp_path, capsys):
     pytest.importorskip("torch")
     out = tmp_path / "out.json"
@@ -579,6 +589,7 @@ def test_policy_cnn(tmp_path, capsys):
         assert r["steps_per_s"] > 0 and r["torch_threads"] >= 1
 
 
+@pytest.mark.heavy
 def test_policy_cnn_needs_images(capsys):
     pytest.importorskip("torch")
     assert bench("CartPole-v1", "--num-envs", "2", "--backends", "sync", "--policy", "cnn", *FAST) == 1
@@ -599,6 +610,7 @@ def test_policy_mlp_is_skipped_without_torch(monkeypatch, capsys):
     assert "skipping --policy mlp: torch is not installed" in err
 
 
+@pytest.mark.heavy
 def test_async_batch_adds_the_shmvec_async_row(tmp_path, capsys):
     out = tmp_path / "out.json"
     assert bench("shmvec.testing:NoopEnv", "--num-envs", "2,4", "--backends", "shmvec-async,sync",
@@ -631,6 +643,7 @@ def test_atari_takes_ale_ids(capsys):
     assert "--atari takes ALE ids" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_atari_pipeline(tmp_path):
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")

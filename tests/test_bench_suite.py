@@ -11,6 +11,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(not (BENCH / "test_real.py").exists(), reason="needs the source tree's bench/")
 def test_real_case_in_passes_reports_medians_and_passes_held(tmp_path):
     # Late hogs beside CartPole: plain CartPole, so it runs wherever the

@@ -101,6 +101,7 @@ def test_steps_by_env_covers_only_the_callers_own_envs():
     assert timeline.steps_by_env("test_bench_timeline:WorkerSlowEnv", 2, batches=2, num_workers=2, warmup=1) is None
 
 
+@pytest.mark.heavy
 def test_by_env_prints_both_rows_and_the_cost_over_the_plain_loop(capsys):
     timeline.main(["test_bench_timeline:UnevenEnv", "--num-envs", "2", "--workers", "0", "--batches", "3",
                    "--plain-seconds", "0", "--by-env"])

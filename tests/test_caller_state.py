@@ -42,7 +42,7 @@ class EnvironEnv(gym.Env):
         return np.zeros(1, np.float32), 0.0, False, False, {}
 
 
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn", "fork"])
+@pytest.mark.parametrize("start_method", ["forkserver", pytest.param("spawn", marks=pytest.mark.heavy), "fork"])
 def test_workers_see_the_callers_environment_as_it_is_when_the_env_is_made(start_method, monkeypatch, closing):
     # A vector env first, so that the fork server has started before the
     # variables change: it began with the caller's environment of then.

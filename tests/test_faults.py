@@ -46,7 +46,7 @@ from fault_envs import (
     worker_pids,
 )
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError
-from helpers import needs_autoreset_modes
+from helpers import needs_autoreset_modes, quick_by_default
 
 import shmvec
 import shmvec._engine.engine
@@ -426,6 +426,7 @@ SLOW_IMPORT_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
 def test_timeout_does_not_count_a_workers_start(start_method, tmp_path):
     """`timeout` is for envs that hang. A worker started by forkserver or
@@ -514,7 +515,8 @@ def script_env() -> dict:
     return env
 
 
-@pytest.mark.parametrize("start_method, when", [("fork", "idle"), ("forkserver", "idle"), ("spawn", "idle"),
+@pytest.mark.parametrize("start_method, when", [("fork", "idle"), pytest.param("forkserver", "idle", marks=pytest.mark.heavy),
+                                               pytest.param("spawn", "idle", marks=pytest.mark.heavy),
                                                ("forkserver", "mid-step")])
 def test_workers_exit_when_front_end_is_sigkilled(start_method, when, tmp_path):
     """Idle workers see it at once; a worker inside an env's step that takes
@@ -1093,6 +1095,7 @@ def test_create_close_cycles_leak_nothing_fork():
     check_no_leaks(20, "fork")
 
 
+@pytest.mark.heavy
 def test_create_close_cycles_leak_nothing_forkserver():
     check_no_leaks(20, "forkserver")
     # The fork server's own children (our workers) are all gone.
@@ -1246,8 +1249,8 @@ EXIT_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("daemon", ["daemon", "not-daemon"])
-@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+@pytest.mark.parametrize("start_method, daemon", quick_by_default([["fork", "forkserver"], ["daemon", "not-daemon"]],
+                                                                   ("fork", "daemon"), ("forkserver", "not-daemon")))
 def test_interpreter_exit_without_close_is_prompt(start_method, daemon, tmp_path):
     """Also with daemon=False, whose workers multiprocessing waits for at
     exit: shmvec ends them first."""

@@ -148,6 +148,7 @@ GLOBAL_RNG_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.heavy
 def test_forkserver_children_draw_their_own_numpy_global_random_numbers(tmp_path):
     """The fork server preloads numpy, so every process forked from it began
     with its one global RNG state: envs drawing from np.random.* drew the same

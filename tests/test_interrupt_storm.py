@@ -4,11 +4,10 @@ goes on after each as the README says, and must end with every env's
 trajectory exactly SyncVectorEnv's. tests/test_interrupts.py and
 tests/test_faults.py make a Ctrl-C land at each edge of a call; this finds
 the edges they do not name. One case of each mode runs by default, the
-whole grid with ``pytest -m slow``."""
+whole grid with ``pytest -m heavy``."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import signal
@@ -17,7 +16,7 @@ import sys
 import time
 
 import pytest
-from helpers import skip_unless_gymnasium
+from helpers import quick_by_default, skip_unless_gymnasium
 
 skip_unless_gymnasium("the storm's loop picks its autoreset mode", "1.1")
 # Before 3.11 Python raises a SIGINT also as a function returns into its
@@ -66,20 +65,14 @@ def storm(args: list[str], seed: int, limit_s: float = 180.0) -> tuple[int, int,
     return int(ok[0][1]), int(ok[0][2]), sent
 
 
-def grid(quick: tuple, *axes: list) -> list:
-    """Every combination of `axes`; all but `quick` run only with -m slow."""
-    return [combo if combo == quick else pytest.param(*combo, marks=pytest.mark.slow)
-            for combo in itertools.product(*axes)]
-
-
-@pytest.mark.parametrize("num_workers, autoreset", grid((1, "SameStep"), [0, 1, 2], ["NextStep", "SameStep"]))
+@pytest.mark.parametrize("num_workers, autoreset", quick_by_default([[0, 1, 2], ["NextStep", "SameStep"]], (1, "SameStep")))
 def test_lockstep_loses_no_step_to_ctrl_c_at_random_moments(num_workers, autoreset):
     interrupts, lost, sent = storm(["lockstep", "2000", "40", "16", str(num_workers), autoreset], seed=num_workers)
     assert interrupts >= 40, (interrupts, sent)
     assert lost == 0 or BEFORE_311, lost
 
 
-@pytest.mark.parametrize("num_workers, autoreset", grid((1, "NextStep"), [1, 2], ["NextStep", "SameStep"]))
+@pytest.mark.parametrize("num_workers, autoreset", quick_by_default([[1, 2], ["NextStep", "SameStep"]], (1, "NextStep")))
 @pytest.mark.skipif(BEFORE_311, reason="Python 3.10 may lose a recv() batch in the loop's frame (see the module)")
 def test_async_mode_loses_no_env_to_ctrl_c_at_random_moments(num_workers, autoreset):
     interrupts, _, sent = storm(["async", "1000", "40", "16", str(num_workers), autoreset, "8"], seed=num_workers)

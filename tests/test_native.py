@@ -41,6 +41,7 @@ def test_native_core(tmp_path):
     assert "thread tests: ok" in _run([str(build / "test_threads"), "5000"], timeout=90)
 
 
+@pytest.mark.heavy  # a second build of the core, under ThreadSanitizer (~30 s)
 @needs_cmake
 def test_threads_under_thread_sanitizer(tmp_path):
     """Every shared word and area, seen by ThreadSanitizer: the first report fails."""

@@ -81,6 +81,7 @@ def _copy_checkout(dest: pathlib.Path) -> None:
         ".benchmarks", "bench.json", "bench.png"))
 
 
+@pytest.mark.heavy
 def test_sdist_holds_what_a_build_needs_and_nothing_else(tmp_path):
     if not (SOURCE_TREE / "csrc").is_dir():
         pytest.skip("no source tree beside the tests (an installed wheel is under test)")

@@ -63,9 +63,9 @@ def cartpole():
 
 @pytest.mark.parametrize("make, mode", [
     (cartpole, AutoresetMode.NEXT_STEP),
-    (DICT_TEXT, AutoresetMode.NEXT_STEP),
+    pytest.param(DICT_TEXT, AutoresetMode.NEXT_STEP, marks=pytest.mark.heavy),
     (DICT_TEXT, AutoresetMode.SAME_STEP),
-    (DICT_TEXT, AutoresetMode.DISABLED),
+    pytest.param(DICT_TEXT, AutoresetMode.DISABLED, marks=pytest.mark.heavy),
 ], ids=["cartpole", "spaces-next", "spaces-same", "spaces-disabled"])
 def test_matches_sync_vector_env(make, mode, closing):
     # 5 envs on 2 actors: uneven slices (3 and 2).
@@ -79,6 +79,7 @@ def test_matches_sync_vector_env(make, mode, closing):
         leaf += 1  # the caller owns its arrays (Ray hands back read-only ones)
 
 
+@pytest.mark.heavy
 def test_envs_get_the_python_scalars_of_a_list_batch(closing):
     # As under SyncVectorEnv (and ShmVecEnv): an env of a list batch gets a
     # Python int (or its own list), or the caller's item itself where no
@@ -172,6 +173,7 @@ def test_async_each_env_trajectory_matches_sync(num_envs, batch, mode, closing):
     assert_matches_sync(got, SPACES_ENV, actions, mode)
 
 
+@pytest.mark.heavy
 def test_async_caller_may_hold_envs_back(closing):
     # Envs held by the caller leave actors with fewer envs in flight than
     # they return at a time: recv() must ask for those and never wait forever.
@@ -198,6 +200,7 @@ def test_async_caller_may_hold_envs_back(closing):
     assert_matches_sync(got, SPACES_ENV, actions, AutoresetMode.NEXT_STEP)
 
 
+@pytest.mark.heavy
 def test_slow_actor_does_not_stall_the_rest(closing):
     fast = functools.partial(StragglerEnv, base_ms=0.5, slow_prob=0)
     slow = functools.partial(StragglerEnv, base_ms=300, slow_prob=0)
@@ -244,6 +247,7 @@ def test_async_misuse_is_an_error(closing):
     assert sorted(rest) == sorted([e for e in range(4) if e not in ids] + ids.tolist())
 
 
+@pytest.mark.heavy
 def test_actors_waiting_for_cluster_resources_are_named(closing, monkeypatch):
     # Ray queues an actor without a word until the cluster has its CPUs: a
     # RayVecEnv whose actors wait says so (once), and starts when they free up.
@@ -416,6 +420,7 @@ def test_actor_death_raises_worker_died_error(batch_size, closing):
     envs.close()  # quietly, the dead actor included
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP], ids=lambda m: m.value)
 def test_dead_actor_is_restarted(mode, closing):
     envs = RayVecEnv([FaultEnv] * 4, 2, autoreset_mode=mode, restart_failed_workers=True, max_restarts=1, **FAST)
@@ -441,6 +446,7 @@ def test_dead_actor_is_restarted(mode, closing):
         envs.step(actions_for(4, row=2, action=KILL))
 
 
+@pytest.mark.heavy
 def test_max_restarts_counts_every_restart_of_the_vector_env(closing):
     # One budget for the whole RayVecEnv, as for a ShmVecEnv: not one per actor.
     envs = RayVecEnv([FaultEnv] * 4, 2, restart_failed_workers=True, max_restarts=1, **FAST)
@@ -451,6 +457,7 @@ def test_max_restarts_counts_every_restart_of_the_vector_env(closing):
         envs.step(actions_for(4, row=3, action=KILL))
 
 
+@pytest.mark.heavy
 def test_async_dead_actor_is_restarted(closing):
     from test_restart import check_async_stream
 
@@ -506,6 +513,7 @@ def one_idle_actor(closing, env_fns: list, batch_size: int, **kwargs) -> tuple:
     return envs._actors[0], envs._scheduler.epoch
 
 
+@pytest.mark.heavy
 def test_actor_stays_responsive_while_it_waits_for_envs(closing):
     # A recv() that waits inside an actor must not hold up that actor's sends.
     slow = functools.partial(FaultEnv, hang_s=3.0)
@@ -543,6 +551,7 @@ def test_a_send_not_meant_for_the_actors_envs_now_is_dropped(closing):
     assert ray.get(actor.send.remote(np.array([OK]), second.env_ids, epoch + 1)) is None  # no error to log
 
 
+@pytest.mark.heavy
 def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):
     # Until Ray has restarted a dead actor, calls to it fail with
     # ActorUnavailableError ("the actor is restarting"), for longer on a busy

@@ -635,6 +635,7 @@ def test_import_shmvec_does_not_import_sb3_or_torch(tmp_path):
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.heavy
 def test_sb3_front_end_is_reached_from_import_shmvec_alone(tmp_path):
     # As the README writes it: `import shmvec`, then `shmvec.sb3.ShmVecEnv`.
     code = ("import sys, shmvec; assert 'stable_baselines3' not in sys.modules; "
@@ -729,12 +730,12 @@ class ResetRaisesEnv(gym.Env):
 
 
 @pytest.mark.parametrize("options, resets", [
-    (None, [1, 1, 2, 2]),
-    ({"level": 1}, [1, 1, 2, 2]),
+    pytest.param(None, [1, 1, 2, 2], marks=pytest.mark.heavy),
+    pytest.param({"level": 1}, [1, 1, 2, 2], marks=pytest.mark.heavy),
     # each env with options of its own is reset apart: all but env 0
     ([{"level": k} for k in range(4)], [1, 2, 2, 2]),
     # env 1 shares env 0's options and its process, after it
-    ([{"level": 0}] * 2 + [{"level": 1}] * 2, [1, 1, 2, 2]),
+    pytest.param([{"level": 0}] * 2 + [{"level": 1}] * 2, [1, 1, 2, 2], marks=pytest.mark.heavy),
 ])
 def test_an_env_raising_in_reset_leaves_the_other_processes_envs_reset_whatever_their_options(
         options, resets, closing):

@@ -41,7 +41,8 @@ PRELUDE = textwrap.dedent("""
 
 # This machine, and a larger one (what torch_threads sees of it; the workers
 # run on this one's CPUs): with one worker, 2 CPUs leave torch 1, 16 leave 15.
-MACHINES = [pytest.param(None, id="this-machine"), pytest.param(16, id="16-cpus")]
+# The larger one runs with -m heavy.
+MACHINES = [pytest.param(None, id="this-machine"), pytest.param(16, id="16-cpus", marks=pytest.mark.heavy)]
 
 
 # A fork server imports what the scripts import (torch first) once; each
@@ -157,6 +158,7 @@ def test_auto_lowers_torch_threads_while_open_and_restores_them(tmp_path, cpus):
     assert f"torch.set_num_threads({result['FREE']})" in message and "torch_threads=None" in message
 
 
+@pytest.mark.heavy
 def test_torch_imported_after_the_env_is_held_from_the_next_reset(tmp_path):
     """A script that makes its envs, then builds its policy (importing
     torch), then resets: torch's threads competed with the workers, at half
@@ -502,6 +504,7 @@ DETERMINISM = {"algorithms": "torch.use_deterministic_algorithms(True)",
                "cudnn": "torch.backends.cudnn.deterministic = True"}
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("asked", DETERMINISM)
 @pytest.mark.parametrize("cpus, busy, envs, held", [(16, 14, "make()", 15), (None, 1, "make_one()", "CPUS")],
                          ids=["busy-cpus", "no-worker-beside-busy-cpus"])
@@ -541,6 +544,7 @@ def test_with_torch_determinism_updates_get_no_timed_trial(tmp_path, asked):
     assert f"torch.set_num_threads({result['FREE']})" in message
 
 
+@pytest.mark.heavy
 def test_with_torch_determinism_a_long_policy_still_gets_torch_threads_back(tmp_path):
     # One choice, after the first 32 steps, far from its 2 ms bound for a CNN
     # (5 ms): CleanRL's ppo_atari.py on the CPU ran 0.70x SyncVectorEnv with
