@@ -515,7 +515,8 @@ def script_env() -> dict:
     return env
 
 
-@pytest.mark.parametrize("start_method, when", [("fork", "idle"), pytest.param("forkserver", "idle", marks=pytest.mark.heavy),
+@pytest.mark.parametrize("start_method, when", [("fork", "idle"),
+                                               pytest.param("forkserver", "idle", marks=pytest.mark.heavy),
                                                pytest.param("spawn", "idle", marks=pytest.mark.heavy),
                                                ("forkserver", "mid-step")])
 def test_workers_exit_when_front_end_is_sigkilled(start_method, when, tmp_path):
