@@ -130,13 +130,18 @@ def init_local_ray(tmp_path_factory: pytest.TempPathFactory, workers_cwd: os.Pat
     `workers_cwd` during ray.init(). Its session files (logs, sockets) go
     to a directory of their own; its processes inherit TMPDIR, because Ray
     kills them at shutdown, before multiprocessing's exit hook removes the
-    pymp-* directory of a fork server that a ShmVecEnv in one started."""
+    pymp-* directory of a fork server that a ShmVecEnv in one started.
+    Its workers run at nice 0, not Ray's 15: beside whatever else keeps a
+    CI machine busy, an actor at nice 15 takes ten times as long to start
+    or restart (test_ray's test_actors_run_at_the_niceness_they_are_given
+    covers Ray's setting)."""
     import ray
 
     tmpdir = str(tmp_path_factory.mktemp("tmp"))
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(workers_cwd)
         mp.setenv("TMPDIR", tmpdir)
+        mp.setenv("RAY_worker_niceness", "0")
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  _temp_dir=str(tmp_path_factory.mktemp("ray")))
     return tmpdir

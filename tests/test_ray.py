@@ -5,6 +5,7 @@ set_attr, actor death as WorkerDiedError, and close() releasing the actors."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 import pathlib
 import subprocess
@@ -552,24 +553,20 @@ def test_a_send_not_meant_for_the_actors_envs_now_is_dropped(closing):
 
 
 @pytest.mark.heavy
-def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):
-    # Until Ray has restarted a dead actor, calls to it fail with
-    # ActorUnavailableError ("the actor is restarting"), for longer on a busy
-    # machine: the revival tries them again, and does not take them for a
-    # spent restart budget.
+def ray_restarts_slowly(monkeypatch, tries: float) -> list:
+    """Makes the revival of a dead actor find it restarting (Ray's
+    ActorUnavailableError) for its first `tries` calls (inf: always);
+    returns the list of those calls."""
     from shmvec.ray import ActorDiedError
 
-    envs = RayVecEnv([FaultEnv] * 4, 2, restart_failed_workers=True, max_restarts=1, **FAST)
-    closing(envs)
-    envs.reset(seed=0)
     unavailable = []
     real_revive = RayVecEnv._revive
 
     def revive(self, k, reason):
         real_get = self._get
 
-        def get(refs, actors):  # the revival's first two calls find the actor restarting
-            if len(unavailable) < 2:
+        def get(refs, actors):
+            if len(unavailable) < tries:
                 unavailable.append(refs)
                 try:
                     raise ray.exceptions.ActorUnavailableError("The actor is restarting", None)
@@ -584,13 +581,58 @@ def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):
             del self._get
 
     monkeypatch.setattr(RayVecEnv, "_revive", revive)
-    obs, rewards, terminations, truncations, infos = envs.step(actions_for(4, row=3, action=KILL))
-    assert len(unavailable) == 2
+    return unavailable
+
+
+def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):
+    # Until Ray has restarted a dead actor, calls to it fail with
+    # ActorUnavailableError ("the actor is restarting"), for longer on a busy
+    # machine (Ray runs actors at nice 15): the revival tries them again, and
+    # does not take them for a spent restart budget; after STARTUP_NOTICE_S a
+    # warning says, once, which actor is awaited and what it needs.
+    envs = RayVecEnv([FaultEnv] * 4, 2, restart_failed_workers=True, max_restarts=1, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    monkeypatch.setattr(actor_calls, "STARTUP_NOTICE_S", 0.15)
+    unavailable = ray_restarts_slowly(monkeypatch, 5)  # 0.1 s apart
+    with pytest.warns(RuntimeWarning, match=r"Ray has not restarted actor 1 \(envs 2\.\.3\) after 0\.15 s; "
+                                            r"each asks for \{'CPU': 1\}") as record:
+        obs, *_, infos = envs.step(actions_for(4, row=3, action=KILL))
+    assert len(record) == 1 and len(unavailable) == 5
     assert obs[:, 0].tolist() == [1, 1, 0, 0] and infos["_shmvec_restarted"].tolist() == [False, False, True, True]
+
+
+def test_a_restart_ray_never_makes_ends_the_vector_env(closing, monkeypatch):
+    # No hang: once REVIVE_TIMEOUT_S passes, the actor's death is raised, and
+    # the vector env says to close it.
+    envs = RayVecEnv([FaultEnv] * 4, 2, restart_failed_workers=True, max_restarts=5, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    monkeypatch.setattr(actor_calls, "REVIVE_TIMEOUT_S", 0.3)
+    ray_restarts_slowly(monkeypatch, math.inf)
+    start = time.monotonic()
+    with pytest.raises(shmvec.WorkerDiedError, match=r"actor 1 \(envs 2\.\.3\) died.*Ray did not restart it"):
+        envs.step(actions_for(4, row=3, action=KILL))
+    assert time.monotonic() - start < 10
+    with pytest.raises(RuntimeError, match="Ray did not restart it; close this vector env"):
+        envs.step(actions_for(4))
 
 
 def actor_pids(envs) -> list[int]:
     return ray.get([actor.__ray_call__.remote(lambda _: os.getpid()) for actor in envs._actors])
+
+
+@pytest.mark.parametrize("niceness", [15, 0])
+def test_actors_run_at_the_niceness_they_are_given(niceness, closing):
+    # The README's advice for a node that busy processes share: Ray runs its
+    # actors at nice 15 (RAY_worker_niceness), and an actor's runtime_env can
+    # give them another niceness, which shmvec's workers in the actor keep.
+    envs = RayVecEnv([FaultEnv] * 4, 2, num_workers=1, start_method="fork", actor_options={
+        "runtime_env": {"env_vars": {"RAY_worker_niceness": str(niceness)}}})
+    closing(envs)
+    pids = envs.call("pid")
+    assert set(pids) - set(actor_pids(envs)), "no env steps in a worker of an actor"
+    assert {os.getpriority(os.PRIO_PROCESS, pid) for pid in pids} == {niceness}
 
 
 def test_close_releases_actors():

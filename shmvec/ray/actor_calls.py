@@ -24,11 +24,13 @@ __all__ = ["ActorCalls"]
 
 # A call to an actor that Ray is restarting (older Rays, within ray>=2.9, have no such error).
 _ACTOR_UNAVAILABLE = getattr(ray.exceptions, "ActorUnavailableError", ())
-# How long Ray may take to restart a dead actor.
-REVIVE_TIMEOUT_S = 60.0
 # Ray queues an actor, without a word, until the cluster has the resources it
-# asks for: after this long, RayVecEnv says which actors wait and what for.
+# asks for, and starts its process at low priority (nice 15): after this long,
+# RayVecEnv says which actors wait and what for, at start and at a restart.
 STARTUP_NOTICE_S = 30.0
+# How long Ray may take to restart a dead actor: beside busy processes a
+# niced actor takes ten times as long to start as on an idle node.
+REVIVE_TIMEOUT_S = 300.0
 
 
 def warnings_of(exc: BaseException) -> list:
@@ -80,17 +82,22 @@ class ActorCalls:
         refs = [actor.start.remote(*args) for actor, args in zip(self._actors, self._start_args)]
         _, waiting = ray.wait(refs, num_returns=len(refs), timeout=STARTUP_NOTICE_S)
         if waiting:
-            ask = {k: v for k, v in self._actor_ask.items() if v}
-            available, cluster = ray.available_resources(), ray.cluster_resources()
-            free = {k: available.get(k, 0) for k in ask}
-            total = {k: cluster.get(k, 0) for k in ask}
             warnings.warn(
                 f"RayVecEnv: {len(waiting)} of {len(refs)} actors have not started their envs after "
-                f"{STARTUP_NOTICE_S:g} s; each asks for {ask}, and the cluster has {free} free of {total}. "
-                "Ray starts an actor once the resources it asks for are free: close the vector envs or actors "
-                "that hold them, ask for less with actor_options, or let an autoscaler add nodes (a slow env "
-                "factory takes this long too). Still waiting; Ctrl-C stops.", RuntimeWarning, stacklevel=3)
+                f"{STARTUP_NOTICE_S:g} s; {self._resources_note()}. Ray starts an actor once the resources it "
+                "asks for are free: close the vector envs or actors that hold them, ask for less with "
+                "actor_options, or let an autoscaler add nodes (a slow env factory, or a node kept busy by "
+                "other processes, takes this long too: Ray runs actors at nice 15). Still waiting; Ctrl-C "
+                "stops.", RuntimeWarning, stacklevel=3)
         return self._get(refs, range(len(refs)))
+
+    def _resources_note(self) -> str:
+        """What each actor asks for, and what the cluster has free."""
+        ask = {k: v for k, v in self._actor_ask.items() if v}
+        available, cluster = ray.available_resources(), ray.cluster_resources()
+        free = {k: available.get(k, 0) for k in ask}
+        total = {k: cluster.get(k, 0) for k in ask}
+        return f"each asks for {ask}, and the cluster has {free} free of {total}"
 
     def _gather(self, call: Callable[[int, Any], ray.ObjectRef]) -> list:
         """Makes `call` on every actor at once and gathers the results in one round."""
@@ -129,7 +136,8 @@ class ActorCalls:
                                "is spent; close this vector env")
             raise ActorDiedError(k, rows, f"{reason}; the restart budget max_restarts={self.max_restarts} is spent")
         self._budget.actor_restarted(k)
-        deadline = time.monotonic() + REVIVE_TIMEOUT_S
+        began = time.monotonic()
+        noticed = False
         while True:
             try:
                 self._get([actor.start.remote(*self._start_args[k])], [k])
@@ -137,7 +145,16 @@ class ActorCalls:
                 return
             except ActorDiedError as exc:
                 # "Temporarily unavailable": Ray is still restarting it.
-                if isinstance(exc.__cause__, _ACTOR_UNAVAILABLE) and time.monotonic() < deadline:
+                waited = time.monotonic() - began
+                if isinstance(exc.__cause__, _ACTOR_UNAVAILABLE) and waited < REVIVE_TIMEOUT_S:
+                    if waited >= STARTUP_NOTICE_S and not noticed:
+                        noticed = True
+                        warnings.warn(
+                            f"RayVecEnv: Ray has not restarted actor {k} (envs {rows.start}..{rows.stop - 1}) "
+                            f"after {STARTUP_NOTICE_S:g} s; {self._resources_note()}. Ray restarts it once a node "
+                            "has them free; beside busy processes its process starts slowly (Ray runs actors at "
+                            f"nice 15). Still waiting, up to {REVIVE_TIMEOUT_S:g} s in all.", RuntimeWarning,
+                            stacklevel=2)
                     time.sleep(0.1)
                     continue
                 self._cycle.break_(f"shmvec Ray actor {k} died and Ray did not restart it; close this vector env")
