@@ -8,11 +8,13 @@ import functools
 import math
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 
 from helpers import skip_unless_gymnasium
 
@@ -23,7 +25,7 @@ import numpy as np
 import pytest
 from fault_envs import HANG, KILL, OK, RAISE, Boom, FaultEnv, actions_for, wait_gone
 from gymnasium import spaces
-from gymnasium.error import ClosedEnvironmentError
+from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from helpers import assert_same, init_local_ray, run_lockstep
 from test_async import async_trajectories, row_info, sync_trajectories
@@ -582,6 +584,83 @@ def ray_restarts_slowly(monkeypatch, tries: float) -> list:
 
     monkeypatch.setattr(RayVecEnv, "_revive", revive)
     return unavailable
+
+
+def ctrl_c_when(ready: Callable[[], bool]) -> threading.Thread:
+    """A Ctrl-C to this process (its main thread raises it) once `ready()`."""
+    def wait_then_interrupt():
+        while not ready():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=wait_then_interrupt, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "timeout"])
+def test_an_interrupted_step_stays_pending_and_loses_nothing(how, closing):
+    # As in ShmVecEnv: a step that a Ctrl-C (or step_wait's timeout) cuts
+    # short stays pending, and step_wait() returns its results; no env steps
+    # twice or is skipped, and nothing else may begin meanwhile.
+    envs = RayVecEnv([functools.partial(FaultEnv, hang_s=1.5)] * 4, 2, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    envs.step(actions_for(4))
+    slow = actions_for(4, row=1, action=HANG)  # env 1 takes 1.5 s
+    if how == "ctrl-c":
+        start = time.monotonic()
+        interrupter = ctrl_c_when(lambda: time.monotonic() - start > 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(slow)
+        interrupter.join()
+    else:
+        envs.step_async(slow)
+        with pytest.raises(TimeoutError, match="still pending"):
+            envs.step_wait(timeout=0.2)
+    for call in (lambda: envs.step(actions_for(4)), envs.reset, lambda: envs.call("pid")):
+        with pytest.raises(AlreadyPendingCallError):
+            call()
+    obs, rewards, terminations, truncations, _ = envs.step_wait()
+    assert obs[:, 0].tolist() == [2, 2, 2, 2] and rewards.tolist() == [1, 1, 1, 1]
+    with pytest.raises(NoAsyncCallError):
+        envs.step_wait()
+    assert envs.step(actions_for(4))[0][:, 0].tolist() == [3, 3, 3, 3]
+
+
+def test_an_interrupted_reset_asks_for_a_full_reset(closing, monkeypatch):
+    # Some actors may have reset and others not: stepping on would mix them.
+    envs = RayVecEnv([FaultEnv] * 4, 2, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    real_get = ray.get
+
+    def interrupted(refs, *args, **kwargs):
+        monkeypatch.setattr(ray, "get", real_get)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "get", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        envs.reset(seed=1)
+    with pytest.raises(RuntimeError, match="interrupted mid-batch; reset all envs"):
+        envs.step(actions_for(4))
+    envs.reset(seed=1)
+    assert envs.step(actions_for(4))[0][:, 0].tolist() == [1, 1, 1, 1]
+
+
+def test_a_ctrl_c_during_a_restart_ends_the_vector_env(closing, monkeypatch):
+    # Ray may have restarted the actor, but its envs were not rebuilt: the
+    # vector env cannot step on, and says so (no hang, no silent loss).
+    envs = RayVecEnv([FaultEnv] * 4, 2, restart_failed_workers=True, max_restarts=5, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    unavailable = ray_restarts_slowly(monkeypatch, math.inf)  # "the actor is restarting", for good
+    interrupter = ctrl_c_when(lambda: len(unavailable) >= 3)
+    with pytest.raises(KeyboardInterrupt):
+        envs.step(actions_for(4, row=3, action=KILL))
+    interrupter.join()
+    with pytest.raises(shmvec.ShmVecError, match="a Ctrl-C stopped the restart of shmvec Ray actor 1; close"):
+        envs.step(actions_for(4))
 
 
 def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):

@@ -130,12 +130,23 @@ class ActorCalls:
         """After actor `k` died (restart_failed_workers): waits for Ray to
         restart it and rebuilds its envs, marked restarted: each one's next
         step reports it, as a ShmVecEnv reports envs of a restarted worker."""
-        actor, rows = self._actors[k], self.slices[k]
+        rows = self.slices[k]
         if self._budget.spent:
             self._cycle.break_(f"shmvec Ray actor {k} died and the restart budget max_restarts={self.max_restarts} "
                                "is spent; close this vector env")
             raise ActorDiedError(k, rows, f"{reason}; the restart budget max_restarts={self.max_restarts} is spent")
         self._budget.actor_restarted(k)
+        try:
+            self._rebuild(k, rows)
+        except Exception:
+            raise
+        except BaseException:  # a Ctrl-C: Ray may have restarted the actor, but its envs are not rebuilt
+            self._cycle.break_(f"a Ctrl-C stopped the restart of shmvec Ray actor {k}; close this vector env")
+            raise
+
+    def _rebuild(self, k: int, rows: range) -> None:
+        """_revive()'s wait for Ray to restart actor `k`, then its envs."""
+        actor = self._actors[k]
         began = time.monotonic()
         noticed = False
         while True:
@@ -187,24 +198,26 @@ class ActorCalls:
             self._cycle.half_done(ENV_RAISED)
             raise
 
-    def _step_results(self, step: Callable[[int], ray.ObjectRef]) -> list:
-        """Each actor's step result (`step(k)` makes actor k's call). With
-        restart_failed_workers, an actor that died is restarted and stepped
-        again: its envs' restart reports are their results."""
+    def _step_results(self, step: Callable[[int], ray.ObjectRef], refs: list) -> list:
+        """Each actor's step result, from `refs` (`step(k)` made actor k's
+        call). With restart_failed_workers, an actor that died is restarted
+        and stepped again (its new call replaces its ref: gathering again
+        after a Ctrl-C revives nothing twice): its envs' restart reports
+        are their results."""
         actors = range(len(self._actors))
-        refs = [step(k) for k in actors]
         try:
             return self._stepped(refs, actors)
         except ActorDiedError:
             if not self._restart:
                 raise
         results = []
-        for k, ref in zip(actors, refs):
+        for k in actors:
             try:
-                results += self._stepped([ref], [k])
+                results += self._stepped([refs[k]], [k])
             except ActorDiedError as exc:
                 self._revive(k, exc.reason)
-                results += self._stepped([step(k)], [k])
+                refs[k] = step(k)
+                results += self._stepped([refs[k]], [k])
         return results
 
     def _fan_out(self, call: Callable[[int, Any], ray.ObjectRef]) -> list:

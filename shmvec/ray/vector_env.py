@@ -17,11 +17,12 @@ from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from shmvec import _core
 from shmvec.contract import (AttributesByCall, check_async, check_async_reset_options, check_sync, checked_env_ids,
                              checked_reset_mask, seeds_for)
-from shmvec._engine.cycle import ENV_RAISED, NEEDS_RESET, CommandCycle
+from shmvec._engine.cycle import ENV_RAISED, INTERRUPTED, NEEDS_RESET, WAITING_STEP, CommandCycle
 from shmvec._engine.plan import split_slices
-from shmvec._engine.pool import CLOSE_GRACE_S
+from shmvec._engine.pool import CLOSE_GRACE_S, still_pending
 from shmvec._engine.warning_relay import unwrapped
 from shmvec.ray.actor_calls import ActorCalls
 from shmvec.ray.batches import LeafBatches
@@ -41,7 +42,9 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
     It honours the ``gymnasium.vector.VectorEnv`` contract exactly as
     ``SyncVectorEnv`` does (same seeds and actions give the same results,
     infos included). Each step goes to every actor at once and is gathered
-    in one round. With ``batch_size`` below the number of envs it offers
+    in one round (``step_async``/``step_wait``: a step that Ctrl-C or a
+    timeout interrupts stays pending, for ``step_wait()`` to return). With
+    ``batch_size`` below the number of envs it offers
     ``ShmVecEnv``'s EnvPool-style ``async_reset``/``send``/``recv``: results
     are gathered from actors as they finish, so a slow node does not stall
     the rest.
@@ -98,9 +101,11 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
     ):
         super().__init__()
         self.closed = True  # until the actors are up, so __del__/close have nothing to do
-        # Every call checks this state machine (shmvec._engine.cycle); Ray's calls
-        # are synchronous, so it is never left waiting.
+        # Every call checks this state machine (shmvec._engine.cycle). It waits
+        # only for a step: one that a Ctrl-C or a timeout interrupts stays
+        # pending (_pending_step: how to step each actor, and its calls).
         self._cycle = CommandCycle(lambda: ClosedEnvironmentError("this RayVecEnv is closed; create a new one"))
+        self._pending_step: tuple[Callable[[int], ray.ObjectRef], list] | None = None
         env_fns = list(env_fns)
         num_envs = len(env_fns)
         if not env_fns:
@@ -154,7 +159,7 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         the batched observations and infos, as ``SyncVectorEnv`` does."""
         self._check_open()
         check_sync(self, "reset", "async_reset")
-        self._cycle.check_usable()
+        self._cycle.check_idle("reset")  # AlreadyPendingCallError while a step is pending
         seeds = seeds_for(seed, self.num_envs)
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
@@ -172,6 +177,11 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         except ActorDiedError as exc:
             self._restart_or_raise(exc)
             return self.reset(seed=seed, options=given)
+        except Exception:
+            raise
+        except BaseException:  # a Ctrl-C: some envs may have reset, others not
+            self._cycle.half_done(INTERRUPTED)
+            raise
         if mask is None:
             self._cycle.reset_done()
         self._ended[:] = False if mask is None else self._ended & ~mask
@@ -185,16 +195,64 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every env with its action; returns batched (observations,
         rewards, terminations, truncations, infos)."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: Any) -> None:
+        """Hands every actor its envs' actions and returns at once."""
         self._check_open()
         check_sync(self, "step", "send/recv")
-        self._cycle.check_steppable("step")
+        self._cycle.check_steppable("step_async")  # AlreadyPendingCallError while a step is pending
         if self._ended.any():
             raise RuntimeError(
                 f"envs {np.flatnonzero(self._ended).tolist()} ended their episodes and autoreset_mode is "
                 "DISABLED: reset them with reset(options={'reset_mask': mask}) before stepping again")
         leaves = self._action_batches.checked_actions(actions, self.num_envs)
-        results = self._step_results(lambda k: self._actors[k].step.remote(
-            self._action_batches.take(leaves, slice(self.slices[k].start, self.slices[k].stop))))
+
+        def step(k: int) -> ray.ObjectRef:
+            return self._actors[k].step.remote(
+                self._action_batches.take(leaves, slice(self.slices[k].start, self.slices[k].stop)))
+
+        # With Ctrl-C held: one then is raised once the step is pending, for step_wait() to collect.
+        _core.run_holding_interrupt(self._post_step, step)
+
+    def _post_step(self, step: Callable[[int], ray.ObjectRef]) -> None:
+        refs: list = []
+        try:
+            for k in range(len(self._actors)):
+                refs.append(step(k))
+        except BaseException:  # a second Ctrl-C: some actors step, the others not
+            if refs:
+                self._cycle.half_done(INTERRUPTED)
+            raise
+        self._pending_step = (step, refs)
+        self._cycle.begin(WAITING_STEP)
+
+    def step_wait(self, timeout: float | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """The results of ``step_async()``. After `timeout` seconds,
+        ``TimeoutError``; the step stays pending, as after a Ctrl-C (its
+        results are kept): call ``step_wait()`` again."""
+        if self._cycle.phase is not WAITING_STEP:
+            self._cycle.check_usable()
+            check_sync(self, "step_wait", "send/recv")
+            self._cycle.check_waiting(WAITING_STEP)
+        step, refs = self._pending_step
+        if timeout is not None and ray.wait(refs, num_returns=len(refs), timeout=timeout)[1]:
+            raise still_pending(timeout)
+        try:
+            batch = self._step_batch(step, refs)
+        except Exception:
+            self._cycle.finish()  # (if an env error or a spent budget has not moved it on already)
+            raise
+        # Only now: a Ctrl-C before this leaves the step pending, to be gathered again.
+        self._cycle.finish()
+        self._pending_step = None
+        return batch
+
+    def _step_batch(self, step: Callable[[int], ray.ObjectRef], refs: list) -> tuple:
+        """The batch of a step from the actors' calls `refs` (made by `step`);
+        made again from the same calls, it is the same."""
+        results = self._step_results(step, refs)
         infos: dict[str, Any] = {}
         for k, (obs, _, _, _, part, restarts) in enumerate(results):
             self._count_restarts(k, restarts)
@@ -283,11 +341,13 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method `name` of every env (or reads the attribute)."""
         self._check_open()
+        self._cycle.check_idle("call")  # AlreadyPendingCallError while a step is pending
         return tuple(itertools.chain.from_iterable(
             self._fan_out(lambda k, actor: actor.call.remote(name, args, kwargs))))
 
     def _set_attr(self, name: str, values: list[Any]) -> None:
         """set_attr() (of AttributesByCall), with one value per env."""
+        self._cycle.check_idle("set_attr")
         self._fan_out(lambda k, actor: actor.set_attr.remote(
             name, list(values[self.slices[k].start:self.slices[k].stop])))
 
