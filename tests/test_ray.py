@@ -382,7 +382,7 @@ def test_async_env_error_reaches_caller_whichever_of_its_actors_calls_is_looked_
     def last_call_made(scheduler):
         calls = list(scheduler._calls)
         ray.wait(calls, num_returns=len(calls))
-        return scheduler._calls.pop(calls[-1])[0], calls[-1]
+        return scheduler._calls[calls[-1]][0], calls[-1]  # (in progress until done() or add())
 
     envs = RayVecEnv([FaultEnv] * 2, 1, batch_size=1, **FAST)
     closing(envs)
@@ -626,6 +626,43 @@ def test_an_interrupted_step_stays_pending_and_loses_nothing(how, closing):
     with pytest.raises(NoAsyncCallError):
         envs.step_wait()
     assert envs.step(actions_for(4))[0][:, 0].tolist() == [3, 3, 3, 3]
+
+
+@pytest.mark.parametrize("where", ["gathering", "handing-out"])
+def test_an_interrupted_recv_loses_no_env(where, closing, monkeypatch):
+    # A Ctrl-C as recv() takes an actor's finished envs, or as it makes them
+    # a batch: the next recv() returns them, each env once.
+    envs = RayVecEnv([FaultEnv] * 4, 2, batch_size=2, **FAST)
+    closing(envs)
+    envs.async_reset(seed=0)
+    assert sorted(envs.recv()[4]["env_id"].tolist() + envs.recv()[4]["env_id"].tolist()) == [0, 1, 2, 3]
+    envs.send(actions_for(4), np.arange(4))
+    if where == "gathering":
+        real_get = ray.get
+
+        def interrupted(*args, **kwargs):
+            monkeypatch.setattr(ray, "get", real_get)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(ray, "get", interrupted)
+    else:
+        real_take = AsyncScheduler.take
+
+        def take(self, count):
+            monkeypatch.setattr(AsyncScheduler, "take", real_take)
+            batch = real_take(self, count)
+            os.kill(os.getpid(), signal.SIGINT)  # raised once recv() holds the batch
+            return batch
+
+        monkeypatch.setattr(AsyncScheduler, "take", take)
+    with pytest.raises(KeyboardInterrupt):
+        envs.recv()
+    ids = []
+    for _ in range(2):
+        obs, rewards, *_, infos = envs.recv()
+        assert obs[:, 0].tolist() == [1, 1] and rewards.tolist() == [1, 1]
+        ids += infos["env_id"].tolist()
+    assert sorted(ids) == [0, 1, 2, 3]
 
 
 def test_an_interrupted_reset_asks_for_a_full_reset(closing, monkeypatch):

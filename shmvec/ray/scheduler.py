@@ -125,15 +125,20 @@ class AsyncScheduler:
         return any(j == k for j, _ in self._calls.values())
 
     def next_finished(self) -> tuple[int, ray.ObjectRef]:
-        """Waits for a recv call to finish: its actor and the call's ref."""
+        """Waits for a recv call to finish: its actor and the call's ref. The
+        call stays in progress until ``done()`` or ``add()`` (a Ctrl-C
+        before then finds it again)."""
         (ref,), _ = ray.wait(list(self._calls), num_returns=1)
-        k, _ = self._calls.pop(ref)
-        return k, ref
+        return self._calls[ref][0], ref
 
-    def add(self, k: int, result: ActorBatch) -> int:
-        """Keeps actor `k`'s result for the caller; returns its number of envs."""
+    def done(self, ref: ray.ObjectRef) -> None:
+        """The call `ref` was dealt with, without a result to keep."""
+        del self._calls[ref]
+
+    def add(self, k: int, ref: ray.ObjectRef, result: ActorBatch) -> None:
+        """Keeps actor `k`'s `result` (of its call `ref`) for the caller."""
+        del self._calls[ref]
         self._results.append(result._replace(env_ids=result.env_ids + self._starts[k]))
-        return len(result.env_ids)
 
     def send_again(self, k: int) -> None:
         """Actor `k` was rebuilt: the envs it had in flight go again, to come

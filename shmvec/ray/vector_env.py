@@ -106,6 +106,7 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         # pending (_pending_step: how to step each actor, and its calls).
         self._cycle = CommandCycle(lambda: ClosedEnvironmentError("this RayVecEnv is closed; create a new one"))
         self._pending_step: tuple[Callable[[int], ray.ObjectRef], list] | None = None
+        self._handing_out: tuple | None = None  # async mode: a batch a Ctrl-C kept from the caller
         env_fns = list(env_fns)
         num_envs = len(env_fns)
         if not env_fns:
@@ -277,6 +278,7 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         seeds = seeds_for(seed, self.num_envs)
         check_async_reset_options(options)
         self._cycle.check_usable()
+        self._handing_out = None  # a batch a Ctrl-C kept from the caller: reset too
         epoch = self._scheduler.drop_all()
         actors = range(len(self._actors))
         try:
@@ -304,6 +306,16 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         order they finished; ``infos["env_id"]`` says which envs they are."""
         self._check_open()
         check_async(self, "recv")
+        if self._handing_out is None:
+            self._gather_batch()
+        batch, self._handing_out = self._handing_out, None
+        return batch
+
+    def _gather_batch(self) -> None:
+        """recv()'s batch, gathered, as `_handing_out`. A Ctrl-C loses no env:
+        an actor's call stays in progress until its result is kept (with
+        Ctrl-C held), and one as the batch is taken comes once it is
+        `_handing_out`, for the next recv() to return."""
         if self._cycle.phase is NEEDS_RESET:  # an env raised: its actor's envs wait for no call
             raise RuntimeError(self._cycle.why)
         scheduler = self._scheduler
@@ -321,20 +333,25 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
                 result: ActorBatch = self._stepped([ref], [k])[0]
             except ActorDiedError as exc:
                 self._restart_or_raise(exc)
-                scheduler.send_again(k)
+                scheduler.send_again(k)  # (drops its calls, this one included)
                 scheduler.ask(self.batch_size - have)
                 continue
             if isinstance(result, ErrorInAnotherCall):
+                scheduler.done(ref)
                 if scheduler.has_calls_to(k):
                     continue  # the call that carries the env's error is still to come
                 self._cycle.half_done(ENV_RAISED)
                 raise RuntimeError(result.why)
             self._count_restarts(k, result.restarts)
-            have += scheduler.add(k, result)
-        batch = scheduler.take(self.batch_size)
+            _core.run_holding_interrupt(scheduler.add, k, ref, result)
+            have = scheduler.received()
+        _core.run_holding_interrupt(self._take_batch)
+
+    def _take_batch(self) -> None:
+        batch = self._scheduler.take(self.batch_size)
         if self._restart:
             self._last.remember(batch[4]["env_id"], batch[0])
-        return batch
+        self._handing_out = batch
 
     # -- the rest of the contract (AttributesByCall: render, get_attr, ...) -----
 
