@@ -628,6 +628,17 @@ def test_an_interrupted_step_stays_pending_and_loses_nothing(how, closing):
     assert envs.step(actions_for(4))[0][:, 0].tolist() == [3, 3, 3, 3]
 
 
+def interrupt_next_ray_get(monkeypatch) -> None:
+    """The next ray.get() raises KeyboardInterrupt (a Ctrl-C as it reads a result); later ones read."""
+    real_get = ray.get
+
+    def interrupted(*args, **kwargs):
+        monkeypatch.setattr(ray, "get", real_get)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "get", interrupted)
+
+
 @pytest.mark.parametrize("where", ["gathering", "handing-out"])
 def test_an_interrupted_recv_loses_no_env(where, closing, monkeypatch):
     # A Ctrl-C as recv() takes an actor's finished envs, or as it makes them
@@ -638,13 +649,7 @@ def test_an_interrupted_recv_loses_no_env(where, closing, monkeypatch):
     assert sorted(envs.recv()[4]["env_id"].tolist() + envs.recv()[4]["env_id"].tolist()) == [0, 1, 2, 3]
     envs.send(actions_for(4), np.arange(4))
     if where == "gathering":
-        real_get = ray.get
-
-        def interrupted(*args, **kwargs):
-            monkeypatch.setattr(ray, "get", real_get)
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(ray, "get", interrupted)
+        interrupt_next_ray_get(monkeypatch)
     else:
         real_take = AsyncScheduler.take
 
@@ -670,13 +675,7 @@ def test_an_interrupted_reset_asks_for_a_full_reset(closing, monkeypatch):
     envs = RayVecEnv([FaultEnv] * 4, 2, **FAST)
     closing(envs)
     envs.reset(seed=0)
-    real_get = ray.get
-
-    def interrupted(refs, *args, **kwargs):
-        monkeypatch.setattr(ray, "get", real_get)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(ray, "get", interrupted)
+    interrupt_next_ray_get(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         envs.reset(seed=1)
     with pytest.raises(RuntimeError, match="interrupted mid-batch; reset all envs"):
