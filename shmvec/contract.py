@@ -13,8 +13,8 @@ import numpy as np
 from shmvec import _core
 
 __all__ = [
-    "seeds_for", "checked_reset_mask", "check_async_reset_options", "per_env_values", "check_sync", "check_async",
-    "checked_env_ids",
+    "seeds_for", "checked_reset_mask", "check_async_reset_options", "per_env_values", "check_sync", "check_wait",
+    "check_async", "checked_env_ids",
     "env_ids_array", "raise_env_ids_problem",
     "AttributesByCall",
 ]
@@ -91,25 +91,38 @@ def check_sync(envs: Any, name: str, instead: str) -> None:
         )
 
 
+def check_wait(envs: Any, phase: Any, instead: str) -> None:
+    """Raises for a ``*_wait()`` of `envs` (a front end with a command cycle,
+    ``_cycle``) with no call of `phase` waiting: the closed or broken error,
+    what to call `instead` in async mode, else NoAsyncCallError."""
+    envs._cycle.check_usable()
+    check_sync(envs, f"{phase.value}_wait", instead)
+    envs._cycle.check_waiting(phase)
+
+
 def check_async(envs: Any, name: str) -> None:
     """Refuses `name` (async_reset/send/recv) of a front end in synchronous mode."""
     if envs.batch_size == envs.num_envs:
         raise RuntimeError(f"{name}() is for async mode: create the {type(envs).__name__} with batch_size < num_envs")
 
 
-def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pending: Collection[int]) -> np.ndarray:
+def checked_env_ids(env_ids: Any, num_envs: int, in_flight: np.ndarray, reset_pending: Collection[int],
+                    kept: tuple | None) -> np.ndarray:
     """``send()``'s `env_ids` as an array: 1-D ints in range, no repeats, none
-    in flight (`in_flight`: a mask) and none whose ``async_reset()`` results
-    are not yet received (`reset_pending`: their ids)."""
-    ids = env_ids_array(env_ids, reset_pending)
+    in flight (`in_flight`: a mask), none whose ``async_reset()`` results
+    are not yet received (`reset_pending`: their ids) and none in the batch
+    `kept` (see ``env_ids_array``)."""
+    ids = env_ids_array(env_ids, reset_pending, kept)
     # send()'s path: one native pass, not numpy reductions (a microsecond each).
     raise_env_ids_problem(_core.env_ids_problem(ids, in_flight), ids, num_envs, in_flight)
     return ids
 
 
-def env_ids_array(env_ids: Any, reset_pending: Collection[int]) -> np.ndarray:
+def env_ids_array(env_ids: Any, reset_pending: Collection[int], kept: tuple | None) -> np.ndarray:
     """``send()``'s `env_ids` as a 1-D array of ints, none of them waiting
-    for its ``async_reset()`` results to be received (`reset_pending`)."""
+    for its ``async_reset()`` results to be received (`reset_pending`), nor
+    in `kept`: the batch a Ctrl-C kept from recv()'s caller, which the next
+    recv() returns (None, as a rule)."""
     ids = np.asarray(env_ids)
     if ids.size == 0:
         raise ValueError("send() got no env ids: pass those of the envs to step (recv()'s infos['env_id'])")
@@ -118,6 +131,11 @@ def env_ids_array(env_ids: Any, reset_pending: Collection[int]) -> np.ndarray:
     waiting = set(reset_pending).intersection(ids.tolist()) if reset_pending else None
     if waiting:
         raise ValueError(f"envs {sorted(waiting)} have reset results not yet received: recv() them first")
+    if kept is not None:
+        unreceived = np.intersect1d(ids, kept[4]["env_id"])
+        if unreceived.size:
+            raise ValueError(f"envs {unreceived.tolist()} are in the batch that an interrupted recv() did not "
+                             "hand out: recv() them first")
     return ids
 
 

@@ -84,7 +84,7 @@ class SendRecv:
             self._finish_interrupted_reset()
             self._cycle.check_steppable("send")
         check_async(self, "send")
-        ids = env_ids_array(env_ids, self._reset_ready)
+        ids = env_ids_array(env_ids, self._reset_ready, self._handed_out)
         values = self._io.action_rows(actions, len(ids))
         # Checked, written, sent and marked in flight in one call (native
         # with workers): a Ctrl-C cannot send an env without marking it.

@@ -15,10 +15,10 @@ from gymnasium.vector.utils import batch_space
 from shmvec import _gym_compat as compat
 from shmvec._gym_compat import AutoresetMode, VectorEnv
 from shmvec._engine.batch_io import BatchIO
-from shmvec._engine.cycle import IDLE, WAITING_CALL, WAITING_RESET, WAITING_STEP, CommandCycle, Phase
+from shmvec._engine.cycle import IDLE, WAITING_CALL, WAITING_RESET, WAITING_STEP, CommandCycle
 from shmvec._engine.engine import CLOSE_GRACE_S, Engine
 from shmvec._engine.env_slice import AUTORESET_CODES, COPY_FINAL_INFO_ARRAYS
-from shmvec.contract import AttributesByCall, check_sync, checked_reset_mask, seeds_for
+from shmvec.contract import AttributesByCall, check_sync, check_wait, checked_reset_mask, seeds_for
 from shmvec.errors import ShmVecTimeoutError, not_picklable
 from shmvec.send_recv import SendRecv
 from shmvec.step_infos import vectorize
@@ -302,7 +302,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
         0.29 (whose ``VectorEnv.reset`` passes them on): give them to
         ``reset_async()``."""
         if self._cycle.phase is not WAITING_RESET:
-            self._check_waiting(WAITING_RESET, "async_reset")
+            check_wait(self, WAITING_RESET, "async_reset")
         records = self._finish(timeout)
         mask = self._reset_mask
         if mask is None:
@@ -353,7 +353,7 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
             unreturned = self._engine.unreturned_step()
             if unreturned is not None:  # a Ctrl-C came as the last step() returned it
                 return unreturned
-            self._check_waiting(WAITING_STEP, "send/recv")
+            check_wait(self, WAITING_STEP, "send/recv")
         # (No step in async mode: nothing to send again.) The batch is made
         # with Ctrl-C held: one then leaves it for the next step_wait().
         return self._engine.finish(timeout, build=self._step_results)
@@ -462,14 +462,6 @@ class ShmVecEnv(SendRecv, AttributesByCall, VectorEnv):
                 # Closed even if an env's close() raised: the engine closed
                 # every other env and ended the workers before raising it.
                 self.closed = True
-
-    def _check_waiting(self, phase: Phase, instead: str) -> None:
-        """Raises for a *_wait() with no call of `phase` waiting: the closed
-        or broken error, what to call `instead` in async mode, else
-        NoAsyncCallError."""
-        self._cycle.check_usable()
-        check_sync(self, f"{phase.value}_wait", instead)
-        self._cycle.check_waiting(phase)
 
     def __reduce__(self):
         raise not_picklable(self)

@@ -416,6 +416,8 @@ def test_ctrl_c_as_recv_hands_the_envs_out_leaves_them_to_the_next(num_workers, 
     envs._reset_records = _CtrlCOnPop(envs._reset_records)
     with pytest.raises(KeyboardInterrupt):
         envs.recv()
+    with pytest.raises(ValueError, match="an interrupted recv"):  # not received yet: not to be sent
+        envs.send(actions_for(4), [0, 1, 2, 3])
     obs, _, _, _, infos = envs.recv()  # the batch the Ctrl-C kept from the caller
     assert infos["env_id"].tolist() == [0, 1, 2, 3] and _steps(obs) == [0, 0, 0, 0]
     envs.send(actions_for(4), [0, 1, 2, 3])

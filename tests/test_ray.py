@@ -564,7 +564,8 @@ def ray_restarts_slowly(monkeypatch, tries: float) -> list:
     unavailable = []
     real_revive = RayVecEnv._revive
 
-    def revive(self, k, reason):
+    def revive(self, died):
+        k = died.worker
         real_get = self._get
 
         def get(refs, actors):
@@ -578,7 +579,7 @@ def ray_restarts_slowly(monkeypatch, tries: float) -> list:
 
         self._get = get
         try:
-            return real_revive(self, k, reason)
+            return real_revive(self, died)
         finally:
             del self._get
 
@@ -662,10 +663,67 @@ def test_an_interrupted_recv_loses_no_env(where, closing, monkeypatch):
         monkeypatch.setattr(AsyncScheduler, "take", take)
     with pytest.raises(KeyboardInterrupt):
         envs.recv()
+    for env in range(4):  # each env is in flight, or finished and kept for the next recv(): not to be sent
+        with pytest.raises(ValueError, match="already in flight|an interrupted recv"):
+            envs.send(actions_for(1), [env])
     ids = []
     for _ in range(2):
         obs, rewards, *_, infos = envs.recv()
         assert obs[:, 0].tolist() == [1, 1] and rewards.tolist() == [1, 1]
+        ids += infos["env_id"].tolist()
+    assert sorted(ids) == [0, 1, 2, 3]
+
+
+def test_an_interrupted_send_sends_every_env(closing, monkeypatch):
+    # A Ctrl-C once the first actor has its envs' actions: the other actor
+    # gets its own too, every env is marked in flight, and recv() returns
+    # each once, stepped once.
+    envs = RayVecEnv([FaultEnv] * 4, 2, batch_size=2, **FAST)
+    closing(envs)
+    envs.async_reset(seed=0)
+    envs.recv(), envs.recv()
+    batches = envs._scheduler._actions
+    real_take = batches.take
+    taken = []
+
+    def take(*args):
+        taken.append(1)
+        if len(taken) == 2:  # the actions of the second actor's envs: the first actor's went
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_take(*args)
+
+    monkeypatch.setattr(batches, "take", take)
+    with pytest.raises(KeyboardInterrupt):
+        envs.send(actions_for(4), np.arange(4))
+    monkeypatch.setattr(batches, "take", real_take)
+    with pytest.raises(ValueError, match="already in flight"):
+        envs.send(actions_for(4), np.arange(4))
+    ids = []
+    for _ in range(2):
+        obs, rewards, *_, infos = envs.recv()
+        assert obs[:, 0].tolist() == [1, 1] and rewards.tolist() == [1, 1]
+        ids += infos["env_id"].tolist()
+    assert sorted(ids) == [0, 1, 2, 3]
+
+
+def test_an_interrupted_async_reset_asks_for_another(closing, monkeypatch):
+    # Some actors may have reset and others not: send() and recv() refuse
+    # until an async_reset() has reset them all.
+    envs = RayVecEnv([FaultEnv] * 4, 2, batch_size=2, **FAST)
+    closing(envs)
+    envs.async_reset(seed=0)
+    envs.recv(), envs.recv()
+    interrupt_next_ray_get(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        envs.async_reset(seed=1)
+    for call in (lambda: envs.send(actions_for(2), [0, 1]), envs.recv):
+        with pytest.raises(RuntimeError, match="interrupted mid-batch; reset all envs"):
+            call()
+    envs.async_reset(seed=1)
+    ids = []
+    for _ in range(2):
+        obs, rewards, *_, infos = envs.recv()
+        assert obs[:, 0].tolist() == [0, 0] and rewards.tolist() == [0, 0]
         ids += infos["env_id"].tolist()
     assert sorted(ids) == [0, 1, 2, 3]
 
@@ -697,6 +755,30 @@ def test_a_ctrl_c_during_a_restart_ends_the_vector_env(closing, monkeypatch):
     interrupter.join()
     with pytest.raises(shmvec.ShmVecError, match="a Ctrl-C stopped the restart of shmvec Ray actor 1; close"):
         envs.step(actions_for(4))
+
+
+def test_a_ctrl_c_once_an_actor_is_restarted_counts_its_restart_once(closing, monkeypatch):
+    # A Ctrl-C after the revival, before the actor's step is made again: the
+    # step stays pending, and gathering it revives the actor's envs again,
+    # for the same death: the budget (max_restarts=1) counts one restart.
+    envs = RayVecEnv([FaultEnv] * 4, 2, restart_failed_workers=True, max_restarts=1, **FAST)
+    closing(envs)
+    envs.reset(seed=0)
+    real_revive = RayVecEnv._revive
+
+    def revive(self, *args):
+        monkeypatch.setattr(RayVecEnv, "_revive", real_revive)
+        real_revive(self, *args)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(RayVecEnv, "_revive", revive)
+    with pytest.raises(KeyboardInterrupt):
+        envs.step(actions_for(4, row=3, action=KILL))
+    obs, rewards, _, truncations, infos = envs.step_wait()
+    assert obs[:, 0].tolist() == [1, 1, 0, 0] and infos["_shmvec_restarted"].tolist() == [False, False, True, True]
+    assert rewards.tolist() == [1, 1, 0, 0] and truncations.tolist() == [False, False, True, True]
+    assert envs.restarts == 1
+    assert envs.step(actions_for(4))[0][:, 0].tolist() == [2, 2, 0, 0]
 
 
 def test_restart_waits_while_ray_restarts_the_actor(closing, monkeypatch):

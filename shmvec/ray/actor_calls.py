@@ -13,6 +13,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from shmvec import _core
 from shmvec._engine.cycle import ENV_RAISED, CommandCycle
 from shmvec._engine.warning_relay import show, unwrapped
 from shmvec.errors import ShmVecError, WorkerDiedError
@@ -61,6 +62,7 @@ class ActorCalls:
         self._restart = bool(shmvec_kwargs.get("restart_failed_workers", False))
         self.max_restarts = int(shmvec_kwargs.get("max_restarts", 10))  # ShmVecEnv's default
         self._budget = RestartBudget(self.max_restarts, len(self.slices))
+        self._revived_after: dict[int, ray.ObjectRef | None] = {}  # per actor: the failed call of its last revival
         if self._restart:  # Ray restarts a dead actor's process; _revive() rebuilds its envs
             options.setdefault("max_restarts", self.max_restarts)
         actor_class = ray.remote(SliceHost).options(**options)
@@ -121,21 +123,27 @@ class ActorCalls:
                 unwrapped(ray.get(ref))
             except RayActorError as exc:
                 if isinstance(error, RayActorError):
-                    raise ActorDiedError(k, self.slices[k], str(exc).strip().splitlines()[0]) from exc
+                    raise ActorDiedError(k, self.slices[k], str(exc).strip().splitlines()[0], ref) from exc
             except Exception as exc:  # an env's error (or a warning the driver's filters make one)
                 show(warnings_of(exc))
         raise error
 
-    def _revive(self, k: int, reason: str) -> None:
-        """After actor `k` died (restart_failed_workers): waits for Ray to
+    def _revive(self, died: ActorDiedError) -> None:
+        """After an actor died (restart_failed_workers): waits for Ray to
         restart it and rebuilds its envs, marked restarted: each one's next
-        step reports it, as a ShmVecEnv reports envs of a restarted worker."""
+        step reports it, as a ShmVecEnv reports envs of a restarted worker.
+        Its death is counted once: a Ctrl-C after a revival, before the call
+        that failed is made again, leaves that call to fail again, and the
+        revival it leads to rebuilds the envs without counting."""
+        k = died.worker
         rows = self.slices[k]
-        if self._budget.spent:
-            self._cycle.break_(f"shmvec Ray actor {k} died and the restart budget max_restarts={self.max_restarts} "
-                               "is spent; close this vector env")
-            raise ActorDiedError(k, rows, f"{reason}; the restart budget max_restarts={self.max_restarts} is spent")
-        self._budget.actor_restarted(k)
+        if died.call is None or self._revived_after.get(k) is not died.call:
+            if self._budget.spent:
+                self._cycle.break_(f"shmvec Ray actor {k} died and the restart budget "
+                                   f"max_restarts={self.max_restarts} is spent; close this vector env")
+                raise ActorDiedError(k, rows, f"{died.reason}; the restart budget max_restarts={self.max_restarts} "
+                                     "is spent")
+            _core.run_holding_interrupt(self._count_revival, k, died.call)
         try:
             self._rebuild(k, rows)
         except Exception:
@@ -143,6 +151,10 @@ class ActorCalls:
         except BaseException:  # a Ctrl-C: Ray may have restarted the actor, but its envs are not rebuilt
             self._cycle.break_(f"a Ctrl-C stopped the restart of shmvec Ray actor {k}; close this vector env")
             raise
+
+    def _count_revival(self, k: int, failed_call: ray.ObjectRef | None) -> None:
+        self._budget.actor_restarted(k)
+        self._revived_after[k] = failed_call
 
     def _rebuild(self, k: int, rows: range) -> None:
         """_revive()'s wait for Ray to restart actor `k`, then its envs."""
@@ -184,7 +196,7 @@ class ActorCalls:
         """Revives the actor that `exc` names, or raises `exc` without restarts."""
         if not self._restart:
             raise exc
-        self._revive(exc.worker, exc.reason)
+        self._revive(exc)
 
     def _stepped(self, refs: list, actors: Sequence[int]) -> list:
         """Gathers results of steps or resets: after an env error, some envs
@@ -215,7 +227,7 @@ class ActorCalls:
             try:
                 results += self._stepped([refs[k]], [k])
             except ActorDiedError as exc:
-                self._revive(k, exc.reason)
+                self._revive(exc)
                 refs[k] = step(k)
                 results += self._stepped([refs[k]], [k])
         return results

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from shmvec.errors import WorkerDiedError
 
 __all__ = ["ActorDiedError"]
@@ -21,8 +23,9 @@ class ActorDiedError(WorkerDiedError):
         shmvec Ray actor 1 (envs 32..63) died: its node was lost; close this vector env and create a new one
     """
 
-    def __init__(self, actor: int, env_indices: range, reason: str = ""):
+    def __init__(self, actor: int, env_indices: range, reason: str = "", call: Any = None):
         self.reason = reason
+        self.call = call  # the Ray ObjectRef of the call that found the actor dead, where known
         super().__init__(actor, env_indices, None, (
             f"shmvec Ray actor {actor} (envs {env_indices.start}..{env_indices.stop - 1}) died: "
             f"{reason or 'no reason given'}; close this vector env and create a new one"))

@@ -18,8 +18,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec import _core
-from shmvec.contract import (AttributesByCall, check_async, check_async_reset_options, check_sync, checked_env_ids,
-                             checked_reset_mask, seeds_for)
+from shmvec.contract import (AttributesByCall, check_async, check_async_reset_options, check_sync, check_wait,
+                             checked_env_ids, checked_reset_mask, seeds_for)
 from shmvec._engine.cycle import ENV_RAISED, INTERRUPTED, NEEDS_RESET, WAITING_STEP, CommandCycle
 from shmvec._engine.plan import split_slices
 from shmvec._engine.pool import CLOSE_GRACE_S, still_pending
@@ -234,9 +234,7 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         ``TimeoutError``; the step stays pending, as after a Ctrl-C (its
         results are kept): call ``step_wait()`` again."""
         if self._cycle.phase is not WAITING_STEP:
-            self._cycle.check_usable()
-            check_sync(self, "step_wait", "send/recv")
-            self._cycle.check_waiting(WAITING_STEP)
+            check_wait(self, WAITING_STEP, "send/recv")
         step, refs = self._pending_step
         if timeout is not None and ray.wait(refs, num_returns=len(refs), timeout=timeout)[1]:
             raise still_pending(timeout)
@@ -279,14 +277,22 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         check_async_reset_options(options)
         self._cycle.check_usable()
         self._handing_out = None  # a batch a Ctrl-C kept from the caller: reset too
-        epoch = self._scheduler.drop_all()
-        actors = range(len(self._actors))
         try:
+            epoch = self._scheduler.drop_all()
+            actors = range(len(self._actors))
             self._stepped([self._actors[k].async_reset.remote(seeds[self.slices[k].start:self.slices[k].stop],
                                                               options, epoch) for k in actors], actors)
         except ActorDiedError as exc:
             self._restart_or_raise(exc)
             return self.async_reset(seed=seed, options=options)
+        except Exception:
+            raise
+        except BaseException:  # a Ctrl-C: some actors may have reset, others not
+            self._cycle.half_done(INTERRUPTED)
+            raise
+        _core.run_holding_interrupt(self._all_reset)  # (with Ctrl-C held: the cycle and the scheduler agree)
+
+    def _all_reset(self) -> None:
         self._cycle.reset_done()
         self._scheduler.all_reset()
 
@@ -297,8 +303,9 @@ class RayVecEnv(AttributesByCall, ActorCalls, VectorEnv):
         self._cycle.check_steppable("send")
         scheduler = self._scheduler
         ids = checked_env_ids(env_ids, self.num_envs, scheduler.in_flight,
-                              np.flatnonzero(scheduler.reset_pending).tolist())
-        scheduler.send(self._action_batches.checked_actions(actions, len(ids)), ids)
+                              np.flatnonzero(scheduler.reset_pending).tolist(), self._handing_out)
+        # With Ctrl-C held: every actor gets its envs' actions and they are marked in flight, or none.
+        _core.run_holding_interrupt(scheduler.send, self._action_batches.checked_actions(actions, len(ids)), ids)
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Waits for ``batch_size`` envs to finish and returns their
