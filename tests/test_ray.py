@@ -640,14 +640,30 @@ def interrupt_next_ray_get(monkeypatch) -> None:
     monkeypatch.setattr(ray, "get", interrupted)
 
 
-@pytest.mark.parametrize("where", ["gathering", "handing-out"])
-def test_an_interrupted_recv_loses_no_env(where, closing, monkeypatch):
-    # A Ctrl-C as recv() takes an actor's finished envs, or as it makes them
-    # a batch: the next recv() returns them, each env once.
+def four_envs_received(closing) -> RayVecEnv:
+    """4 FaultEnvs on 2 actors in async mode (batch_size=2), each reset and received."""
     envs = RayVecEnv([FaultEnv] * 4, 2, batch_size=2, **FAST)
     closing(envs)
     envs.async_reset(seed=0)
     assert sorted(envs.recv()[4]["env_id"].tolist() + envs.recv()[4]["env_id"].tolist()) == [0, 1, 2, 3]
+    return envs
+
+
+def assert_recv_returns_each_env_once(envs, steps: int) -> None:
+    """Two recv()s of the 4 envs return each of them once, `steps` steps since its reset."""
+    ids = []
+    for _ in range(2):
+        obs, rewards, *_, infos = envs.recv()
+        assert obs[:, 0].tolist() == [steps, steps] and rewards.tolist() == [min(steps, 1)] * 2
+        ids += infos["env_id"].tolist()
+    assert sorted(ids) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("where", ["gathering", "handing-out"])
+def test_an_interrupted_recv_loses_no_env(where, closing, monkeypatch):
+    # A Ctrl-C as recv() takes an actor's finished envs, or as it makes them
+    # a batch: the next recv() returns them, each env once.
+    envs = four_envs_received(closing)
     envs.send(actions_for(4), np.arange(4))
     if where == "gathering":
         interrupt_next_ray_get(monkeypatch)
@@ -666,22 +682,14 @@ def test_an_interrupted_recv_loses_no_env(where, closing, monkeypatch):
     for env in range(4):  # each env is in flight, or finished and kept for the next recv(): not to be sent
         with pytest.raises(ValueError, match="already in flight|an interrupted recv"):
             envs.send(actions_for(1), [env])
-    ids = []
-    for _ in range(2):
-        obs, rewards, *_, infos = envs.recv()
-        assert obs[:, 0].tolist() == [1, 1] and rewards.tolist() == [1, 1]
-        ids += infos["env_id"].tolist()
-    assert sorted(ids) == [0, 1, 2, 3]
+    assert_recv_returns_each_env_once(envs, steps=1)
 
 
 def test_an_interrupted_send_sends_every_env(closing, monkeypatch):
     # A Ctrl-C once the first actor has its envs' actions: the other actor
     # gets its own too, every env is marked in flight, and recv() returns
     # each once, stepped once.
-    envs = RayVecEnv([FaultEnv] * 4, 2, batch_size=2, **FAST)
-    closing(envs)
-    envs.async_reset(seed=0)
-    envs.recv(), envs.recv()
+    envs = four_envs_received(closing)
     batches = envs._scheduler._actions
     real_take = batches.take
     taken = []
@@ -698,21 +706,13 @@ def test_an_interrupted_send_sends_every_env(closing, monkeypatch):
     monkeypatch.setattr(batches, "take", real_take)
     with pytest.raises(ValueError, match="already in flight"):
         envs.send(actions_for(4), np.arange(4))
-    ids = []
-    for _ in range(2):
-        obs, rewards, *_, infos = envs.recv()
-        assert obs[:, 0].tolist() == [1, 1] and rewards.tolist() == [1, 1]
-        ids += infos["env_id"].tolist()
-    assert sorted(ids) == [0, 1, 2, 3]
+    assert_recv_returns_each_env_once(envs, steps=1)
 
 
 def test_an_interrupted_async_reset_asks_for_another(closing, monkeypatch):
     # Some actors may have reset and others not: send() and recv() refuse
     # until an async_reset() has reset them all.
-    envs = RayVecEnv([FaultEnv] * 4, 2, batch_size=2, **FAST)
-    closing(envs)
-    envs.async_reset(seed=0)
-    envs.recv(), envs.recv()
+    envs = four_envs_received(closing)
     interrupt_next_ray_get(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         envs.async_reset(seed=1)
@@ -720,12 +720,7 @@ def test_an_interrupted_async_reset_asks_for_another(closing, monkeypatch):
         with pytest.raises(RuntimeError, match="interrupted mid-batch; reset all envs"):
             call()
     envs.async_reset(seed=1)
-    ids = []
-    for _ in range(2):
-        obs, rewards, *_, infos = envs.recv()
-        assert obs[:, 0].tolist() == [0, 0] and rewards.tolist() == [0, 0]
-        ids += infos["env_id"].tolist()
-    assert sorted(ids) == [0, 1, 2, 3]
+    assert_recv_returns_each_env_once(envs, steps=0)
 
 
 def test_an_interrupted_reset_asks_for_a_full_reset(closing, monkeypatch):
