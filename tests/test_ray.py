@@ -300,6 +300,35 @@ def test_call_get_attr_set_attr_render(closing):
     assert envs.spec is None and envs.render_mode == "rgb_array"
 
 
+class CtrlCAsTheSecondActorIsCalled:
+    """Stands in for an actor's handle: a real Ctrl-C comes as its calls are made."""
+
+    def __init__(self, actor):
+        self._actor = actor
+
+    def __getattr__(self, name):
+        method = getattr(self._actor, name)
+
+        class Method:
+            def remote(self, *args, **kwargs):
+                os.kill(os.getpid(), signal.SIGINT)
+                return method.remote(*args, **kwargs)
+
+        return Method()
+
+
+def test_an_interrupted_set_attr_sets_every_env(closing, monkeypatch):
+    # A Ctrl-C once the first actor has its envs' values: the second gets
+    # its own too (not some envs set and others not).
+    envs = RayVecEnv([SpacesEnv] * 4, 2, **FAST)
+    closing(envs)
+    monkeypatch.setattr(envs, "_actors", [envs._actors[0], CtrlCAsTheSecondActorIsCalled(envs._actors[1])])
+    with pytest.raises(KeyboardInterrupt):
+        envs.set_attr("max_steps", [1, 2, 3, 4])
+    monkeypatch.undo()
+    assert envs.get_attr("max_steps") == (1, 2, 3, 4)
+
+
 def test_env_error_reaches_caller_and_reset_recovers(closing):
     envs = RayVecEnv([FaultEnv] * 4, 2, **FAST)
     closing(envs)

@@ -102,9 +102,15 @@ class ActorCalls:
         return f"each asks for {ask}, and the cluster has {free} free of {total}"
 
     def _gather(self, call: Callable[[int, Any], ray.ObjectRef]) -> list:
-        """Makes `call` on every actor at once and gathers the results in one round."""
-        actors = range(len(self._actors))
-        return self._get([call(k, self._actors[k]) for k in actors], actors)
+        """Makes `call` on every actor at once and gathers the results in one
+        round. The calls are made with Ctrl-C held: to every actor, or none
+        (a set_attr sets every env's value or none)."""
+        refs: list = []
+        _core.run_holding_interrupt(self._call_each, call, refs)
+        return self._get(refs, range(len(self._actors)))
+
+    def _call_each(self, call: Callable[[int, Any], ray.ObjectRef], refs: list) -> None:
+        refs.extend(call(k, actor) for k, actor in enumerate(self._actors))
 
     def _get(self, refs: list, actors: Sequence[int]) -> list:
         """ray.get of calls made to `actors` (one each), showing the warnings
