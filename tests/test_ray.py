@@ -8,7 +8,6 @@ import functools
 import math
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ skip_unless_gymnasium("shmvec.ray (RayVecEnv)", "1.1")
 import gymnasium as gym
 import numpy as np
 import pytest
-from fault_envs import HANG, KILL, OK, RAISE, Boom, FaultEnv, actions_for, wait_gone
+from fault_envs import HANG, KILL, OK, RAISE, Boom, FaultEnv, actions_for, ctrl_c, wait_gone
 from gymnasium import spaces
 from gymnasium.error import AlreadyPendingCallError, ClosedEnvironmentError, NoAsyncCallError
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -311,7 +310,7 @@ class CtrlCAsTheSecondActorIsCalled:
 
         class Method:
             def remote(self, *args, **kwargs):
-                os.kill(os.getpid(), signal.SIGINT)
+                ctrl_c()
                 return method.remote(*args, **kwargs)
 
         return Method()
@@ -621,7 +620,7 @@ def ctrl_c_when(ready: Callable[[], bool]) -> threading.Thread:
     def wait_then_interrupt():
         while not ready():
             time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGINT)
+        ctrl_c()
 
     thread = threading.Thread(target=wait_then_interrupt, daemon=True)
     thread.start()
@@ -702,7 +701,7 @@ def test_an_interrupted_recv_loses_no_env(where, closing, monkeypatch):
         def take(self, count):
             monkeypatch.setattr(AsyncScheduler, "take", real_take)
             batch = real_take(self, count)
-            os.kill(os.getpid(), signal.SIGINT)  # raised once recv() holds the batch
+            ctrl_c()  # raised once recv() holds the batch
             return batch
 
         monkeypatch.setattr(AsyncScheduler, "take", take)
@@ -726,7 +725,7 @@ def test_an_interrupted_send_sends_every_env(closing, monkeypatch):
     def take(*args):
         taken.append(1)
         if len(taken) == 2:  # the actions of the second actor's envs: the first actor's went
-            os.kill(os.getpid(), signal.SIGINT)
+            ctrl_c()
         return real_take(*args)
 
     monkeypatch.setattr(batches, "take", take)
@@ -793,7 +792,7 @@ def test_a_ctrl_c_once_an_actor_is_restarted_counts_its_restart_once(closing, mo
     def revive(self, *args):
         monkeypatch.setattr(RayVecEnv, "_revive", real_revive)
         real_revive(self, *args)
-        os.kill(os.getpid(), signal.SIGINT)
+        ctrl_c()
 
     monkeypatch.setattr(RayVecEnv, "_revive", revive)
     with pytest.raises(KeyboardInterrupt):
