@@ -768,8 +768,7 @@ PYBIND11_MODULE(_core, m) {
       .def("reset_done", &Stepper::reset_done, py::arg("row"))
       .def("mark_restarted", &Stepper::mark_restarted, py::arg("row"))
       .def("attach_info_columns", &Stepper::attach_info_columns, py::arg("values"), py::arg("flags"),
-           py::arg("types"))
-      .def_property_readonly("info_schema", &Stepper::info_schema)
+           py::arg("types"), py::arg("schema_slot"))
       .def_property_readonly("first_row", &Stepper::first_row)
       .def_property_readonly("num_envs", &Stepper::num_envs)
       .def_property_readonly("failed_row", &Stepper::failed_row);

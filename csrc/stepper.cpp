@@ -314,7 +314,7 @@ py::object Stepper::build_action(py::ssize_t row, py::handle objects) {
   return action;
 }
 
-void Stepper::attach_info_columns(py::array values, py::array flags, py::dict types) {
+void Stepper::attach_info_columns(py::array values, py::array flags, py::dict types, py::array schema_slot) {
   if (values.ndim() != 2 || values.shape(0) < first_row_ + num_envs() || values.itemsize() != 8 ||
       !(values.flags() & py::array::c_style) || !values.writeable())
     throw std::invalid_argument("info values must be a writable (num_envs, C) array of 8-byte cells");
@@ -327,13 +327,15 @@ void Stepper::attach_info_columns(py::array values, py::array flags, py::dict ty
   info_flags_ = static_cast<uint8_t*>(flags.mutable_data());
   info_width_ = values.shape(1);
   info_types_ = std::move(types);
-}
-
-py::object Stepper::info_schema() const {
-  if (schema_.empty()) return py::none();
-  py::list out;
-  for (const InfoColumn& c : schema_) out.append(py::make_tuple(c.key, c.type));
-  return std::move(out);
+  if (schema_slot.ndim() != 1 || schema_slot.itemsize() != 1 || schema_slot.shape(0) < 8 ||
+      !(schema_slot.flags() & py::array::c_style) || !schema_slot.writeable())
+    throw std::invalid_argument("the info schema slot must be a writable uint8 array of at least 8 bytes");
+  keep_schema_slot_ = schema_slot;
+  schema_slot_ = static_cast<uint8_t*>(schema_slot.mutable_data());
+  schema_slot_size_ = static_cast<size_t>(schema_slot.shape(0));
+  pickle_dumps_ = py::module_::import("pickle").attr("dumps");
+  // A restarted worker's slice: the dead one's schema is not this stepper's.
+  __atomic_store_n(reinterpret_cast<uint32_t*>(schema_slot_), 0u, __ATOMIC_RELEASE);
 }
 
 bool Stepper::adopt_schema(py::handle info) {
@@ -355,6 +357,15 @@ bool Stepper::adopt_schema(py::handle info) {
                       py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(value))),
                       PyObject_IsTrue(storage) == 1});
   }
+  // Published before any row uses it: the front end reads it from the
+  // arena once a flagged row's step has come back.
+  py::list pairs;
+  for (const InfoColumn& c : schema) pairs.append(py::make_tuple(c.key, c.type));
+  const std::string data = py::bytes(pickle_dumps_(pairs));
+  if (data.size() > schema_slot_size_ - sizeof(uint32_t)) return false;
+  std::memcpy(schema_slot_ + sizeof(uint32_t), data.data(), data.size());
+  __atomic_store_n(reinterpret_cast<uint32_t*>(schema_slot_), static_cast<uint32_t>(data.size()),
+                   __ATOMIC_RELEASE);
   schema_ = std::move(schema);
   return true;
 }

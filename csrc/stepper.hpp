@@ -94,9 +94,12 @@ class Stepper {
   // the same keys, in the same order, with values of the same types, is
   // written into its row's cells (flag 1) instead of travelling by pickle in
   // a record. Anything else still goes in the record (flag 0).
-  void attach_info_columns(py::array values, py::array flags, py::dict types);
-  // [(key, type), ...] once a schema is adopted, else None.
-  py::object info_schema() const;
+  // `schema_slot`, the slice's uint8 area of the arena, publishes the
+  // schema when it is adopted: a uint32 length, then pickle.dumps of
+  // [(key, type), ...] (length 0: none yet), so that the front end reads a
+  // row's infos without asking this process, which may have died since.
+  // A schema too long for the slot is not adopted (its infos go in records).
+  void attach_info_columns(py::array values, py::array flags, py::dict types, py::array schema_slot);
 
   py::ssize_t first_row() const { return first_row_; }
   py::ssize_t num_envs() const { return static_cast<py::ssize_t>(envs_.size()); }
@@ -149,6 +152,10 @@ class Stepper {
   py::ssize_t info_width_ = 0;
   py::dict info_types_;
   std::vector<InfoColumn> schema_;
+  py::array keep_schema_slot_;
+  uint8_t* schema_slot_ = nullptr;
+  size_t schema_slot_size_ = 0;
+  py::object pickle_dumps_;
   // step() stages the slice's one-byte flags here, indexed by row as the
   // arena's are (see FlagStage in stepper.cpp).
   class FlagStage;

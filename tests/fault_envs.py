@@ -125,6 +125,27 @@ class CloseRecorder(FaultEnv):
             f.write(str(os.getpid()))
 
 
+class ColumnInfoEnv(FaultEnv):
+    """A FaultEnv whose steps return an info of numbers, {"t": steps since
+    reset}, which travels in the arena's info columns; with `blob`, also a
+    string of that many characters, and the info travels by pickle in a
+    record (fetched from the worker when larger than its slot). Its GATE
+    action SIGKILLs its process once the gate opens: a worker that dies
+    while an env it stepped earlier waits for recv()."""
+
+    def __init__(self, blob: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.blob = blob
+
+    def step(self, action):
+        if int(action) == GATE:
+            obs, *_ = super().step(GATE)
+            os.kill(os.getpid(), signal.SIGKILL)
+        obs, reward, terminated, truncated, _ = super().step(action)
+        info = {"t": self.t, "blob": "x" * self.blob} if self.blob else {"t": self.t}
+        return obs, reward, terminated, truncated, info
+
+
 def actions_for(num_envs: int, row: int | None = None, action: int = OK) -> np.ndarray:
     """OK for every env, `action` for env `row`."""
     a = np.full(num_envs, OK, dtype=np.int64)

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from fault_envs import HANG, KILL, RAISE, Boom, FailsOnceMarked, FaultEnv, actions_for
+from fault_envs import GATE, HANG, KILL, OK, RAISE, Boom, ColumnInfoEnv, FailsOnceMarked, FaultEnv, actions_for, later
 from gymnasium.vector import SyncVectorEnv
 from helpers import (FINAL_OBS, MODES, SAME_STEP, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes,
                      sync_pair)
@@ -295,6 +295,36 @@ def test_async_dead_worker_is_replaced(mode):
         reports = check_async_stream(envs, 60, fault_at=10, fault_env=2, fault=KILL, mode=mode, reports_due=2)
         assert envs._engine.restarts == 1
         assert reports == 2  # envs 2 and 3, worker 1's
+    finally:
+        envs.close()
+
+
+def test_async_death_after_an_env_finished_keeps_its_result_and_infos(tmp_path):
+    """Env 0 finished; its worker then dies stepping env 1. recv() hands out
+    env 0's step, infos included, without asking the worker (its info
+    columns' schema is in the arena), and the next recv() env 1's restart
+    report. It asked the dead worker for the schema: WorkerDiedError, the
+    vector env broken, restarts on or not."""
+    gate = tmp_path / "gate"
+    envs = shmvec.ShmVecEnv([functools.partial(ColumnInfoEnv, gate=str(gate), hang_s=30)] * 3, batch_size=1,
+                            num_workers=1, caller_steps=False, start_method="fork", restart_failed_workers=True)
+    try:
+        envs.async_reset(seed=0)
+        for _ in range(3):
+            envs.recv()
+        envs.send(np.array([OK, GATE]), [0, 1])  # env 1 waits for the gate, then kills the worker
+        with later((0.5, gate.touch)):
+            obs, rewards, terms, truncs, infos = envs.recv()
+            gate.touch()
+            assert infos["env_id"].tolist() == [0] and obs[0].tolist() == [1, 1] and rewards.tolist() == [1]
+            assert infos["t"].tolist() == [1] and infos["_t"].tolist() == [True]
+            obs, rewards, terms, truncs, infos = envs.recv()
+        assert infos["env_id"].tolist() == [1] and truncs.tolist() == [True]
+        assert infos["_shmvec_restarted"].tolist() == [True]
+        assert envs._engine.restarts == 1
+        envs.send(np.array([OK, OK]), [0, 1])  # both step on
+        received = {int(envs.recv()[4]["env_id"][0]) for _ in range(2)}
+        assert received == {0, 1}
     finally:
         envs.close()
 

@@ -234,15 +234,13 @@ class Engine(CommandRunner):
         rings = self.num_workers + (1 if self._caller is not None else 0) if self.async_mode else 0
         async_size = _core.async_region_size(self.num_envs, rings, RECORD_CAPACITY) if rings else 0
         self.layout = DataLayout(obs_space, act_space, self.num_envs, self._fixed_size, async_size, RECORD_CAPACITY,
-                                 rings)
+                                 rings, tuple(rows.start for rows in self._slice_rows()))
         total = self._fixed_size + self.layout.size
         _core.resize_shared_file(self.pool.fds[1], total)
         self._data = _core.Mapping(self.pool.fds[1], total)
         self.views = self.layout.views(self._data)
-        engine = weakref.ref(self)  # no cycle: an engine dropped unclosed is collected at once
-        self.info_columns = InfoColumns(
-            self.views["info_values"], self.views["info_flags"], self._slice_rows(),
-            lambda k: engine()._info_schema(k))
+        self.info_columns = InfoColumns(self.views["info_values"], self.views["info_flags"], self._slice_rows(),
+                                        self.views["info_schemas"])
         self.views["action_dtypes"][:] = self.layout.action_space_codes  # until the first batch
         if self._caller is not None:
             self._caller.attach(self.layout, self._data, obs_space, act_space, autoreset_code, reset_call)
@@ -256,14 +254,6 @@ class Engine(CommandRunner):
     def _slice_rows(self) -> list[range]:
         """The rows of every slice: the caller's first, then each worker's."""
         return ([self._caller.rows] if self._caller is not None else []) + list(self.worker_rows)
-
-    def _info_schema(self, k: int):
-        """Slice k's info-column schema (see shmvec._engine.info_columns)."""
-        if self._caller is not None:
-            if k == 0:
-                return self._caller.stepper.info_schema
-            k -= 1
-        return P.loads(self.transport.request(P.INFO_SCHEMA, None, [k])[0])
 
     def begin_reset(self, seeds: list, options: dict | None, mask: np.ndarray | None) -> None:
         # A torch imported since the env was made (a policy built before the

@@ -195,7 +195,8 @@ class EnvSlice:
             autoreset_mode=autoreset_code,
             write_fallback=write_leaf_fallback,
         )
-        self.stepper.attach_info_columns(views["info_values"], views["info_flags"], INFO_STORAGE)
+        self.stepper.attach_info_columns(views["info_values"], views["info_flags"], INFO_STORAGE,
+                                         views["info_schemas"][layout.slice_starts.index(self.first_row)])
 
     def step(self, object_actions: list | None = None):
         try:

@@ -16,7 +16,8 @@ value's type, zeros where an env had no info.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import pickle
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,18 +41,18 @@ Schema = list  # [(key, value type), ...]
 class InfoColumns:
     """Reads the info columns of a step.
 
-    `slices` are the env rows of each slice; `fetch_schema(k)` returns slice
-    k's schema (or None if it has adopted none yet), asked only once it has
-    one, since a schema never changes after it is adopted."""
+    `slices` are the env rows of each slice; `schema_slots[k]` is where
+    slice k's stepper publishes its schema (a uint32 length, then the
+    pickled schema), read only once a row of it is flagged, and once, since
+    a schema never changes after it is adopted."""
 
-    def __init__(self, values: np.ndarray, flags: np.ndarray, slices: Sequence[range],
-                 fetch_schema: Callable[[int], Schema | None]):
+    def __init__(self, values: np.ndarray, flags: np.ndarray, slices: Sequence[range], schema_slots: np.ndarray):
         self.num_envs = len(flags)
         self._ints = values
         self._floats = values.view(np.float64)
         self.flags = flags
         self._slices = list(slices)
-        self._fetch = fetch_schema
+        self._schema_slots = schema_slots
         self._schemas: list[Schema | None] = [None] * len(self._slices)
         self._of_row = np.empty(self.num_envs, dtype=np.int64)  # slice index of each row
         for k, rows in enumerate(self._slices):
@@ -63,9 +64,11 @@ class InfoColumns:
 
     def _schema(self, k: int) -> Schema:
         if self._schemas[k] is None:
-            self._schemas[k] = self._fetch(k)
-            if self._schemas[k] is None:
+            slot = self._schema_slots[k]
+            length = int(slot[:4].view(np.uint32)[0])
+            if not length:
                 raise RuntimeError(f"shmvec: slice {k} wrote info columns without a schema")
+            self._schemas[k] = pickle.loads(slot[4:4 + length].tobytes())
             if None not in self._schemas and all(s == self._schemas[0] for s in self._schemas):
                 self.columns = self._columns_of(self._schemas[0])
         return self._schemas[k]

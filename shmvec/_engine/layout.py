@@ -21,6 +21,7 @@ from shmvec._gym_compat import dict_builder
 __all__ = ["Leaf", "leaves_of", "flattener", "unflattener", "DataLayout", "write_leaf_fallback"]
 
 INFO_COLUMNS = 32  # at most this many keys in an info that travels as columns
+INFO_SCHEMA_BYTES = 4096  # per slice: its info columns' schema, pickled (see Stepper.attach_info_columns)
 FIXED_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 ALIGN = 128
 
@@ -175,8 +176,9 @@ class DataLayout:
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space,
                  num_envs: int, base_offset: int, async_region_size: int = 0,
-                 record_capacity: int = 0, async_rings: int = 0):
+                 record_capacity: int = 0, async_rings: int = 0, slice_starts: tuple[int, ...] = (0,)):
         self.num_envs = num_envs
+        self.slice_starts = tuple(slice_starts)  # each slice's first row: the caller's, then each worker's
         self.observation_leaves = leaves_of(observation_space)
         self.action_leaves = leaves_of(action_space)
         self.base_offset = base_offset
@@ -196,6 +198,9 @@ class DataLayout:
         # (see shmvec._engine.info_columns), and per env whether its info is there.
         self.info_values = self._add((n, INFO_COLUMNS), np.dtype(np.int64))
         self.info_flags = self._add((n,), np.dtype(np.uint8))
+        # Each slice's schema of those columns, where the front end reads it
+        # even after the slice's process has died.
+        self.info_schemas = self._add((len(self.slice_starts), INFO_SCHEMA_BYTES), np.dtype(np.uint8))
         # Async mode's rings (a pair per worker, and one for the caller's own
         # slice if it has one) and per-env record slots (laid out by the core).
         self.record_capacity = record_capacity
@@ -259,4 +264,5 @@ class DataLayout:
             "truncations": self.view(buffer, self.truncations),
             "info_values": self.view(buffer, self.info_values),
             "info_flags": self.view(buffer, self.info_flags),
+            "info_schemas": self.view(buffer, self.info_schemas),
         }

@@ -24,7 +24,6 @@ CLOSE = 7
 REQUEST_CHUNK = 8  # one more piece of a request too large for its area
 REPLY_CHUNK = 9  # send the next piece of a reply too large for its area
 FETCH_RECORD = 10  # an async record too large for its slot
-INFO_SCHEMA = 11  # the keys and value types of the worker's info columns
 MARK_RESTARTED = 12  # every env of the worker is new: its next step reports the restart
 STARTED = 13  # a worker's first command, answered as it begins to make its envs
 

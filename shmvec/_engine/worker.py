@@ -206,8 +206,6 @@ class Worker:
                 self.channel.attach_async(self.data_mapping, layout.async_offset, layout.num_envs,
                                           layout.record_capacity, layout.async_rings)
             return None
-        if code == P.INFO_SCHEMA:
-            return s.stepper.info_schema
         if code == P.FETCH_RECORD:
             return self.overflow.pop(args)
         if code == P.STEP:  # a step whose actions have leaves without a fixed shape
