@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from shmvec import _core
+from shmvec._engine.async_steps import RecordsLost
 from shmvec._engine.cycle import CLOSED, IDLE, NEEDS_RESET, WAITING_RESET
 from shmvec.contract import check_async, check_async_reset_options, env_ids_array, raise_env_ids_problem, seeds_for
 from shmvec.step_infos import vectorize_batch
@@ -51,10 +52,12 @@ class SendRecv:
             if not self._in_flight.any():
                 break
             steps.recv(int(self._in_flight.sum()), self._finished, discard=True)
-            self._in_flight[self._engine.restarted_rows] = False  # a restart lost its own
+            self._in_flight[self._engine.to_send_again] = False  # a restart lost its own
+            self._engine.to_send_again = []
         self._reset_ready.clear()  # an earlier reset's results: not to be handed out if this one is cut short
         self._reset_records.clear()
         self._handed_out = None
+        steps.handed_out()
         self._reset_received(self._engine.reset(seeds, options, None))
 
     def _has_results_at_hand(self) -> bool:
@@ -72,6 +75,7 @@ class SendRecv:
     def _reset_received(self, records: list) -> None:
         """Every env was reset: recv() hands out their results."""
         self._cycle.reset_done()
+        self._engine.to_send_again = []  # a worker replaced during the reset: none of its envs is in flight
         self._io.rewards[:] = 0.0
         self._io.terminations[:] = False
         self._io.truncations[:] = False
@@ -101,7 +105,10 @@ class SendRecv:
             self._raise_if_closed_meanwhile()
             raise
         self._raise_if_closed_meanwhile()
-        self._engine.async_steps.caller_leaves()
+        steps = self._engine.async_steps
+        steps.caller_leaves()
+        if steps.fetched:
+            steps.handed_out()
         self._handed_out = None
         return batch
 
@@ -141,12 +148,17 @@ class SendRecv:
             batch = steps.take_batch(stepped, self._finished, self._in_flight, sources, self)
             if batch is not None:
                 return batch
-        while len(self._finished) < stepped:
-            steps.recv(stepped - len(self._finished), self._finished)
-            if self._engine.restarted_rows:
-                self._send_again(self._engine.restarted_rows)
-        ids = self._finished.head(stepped)
-        records = steps.records(ids) if stepped else []
+        while True:
+            while len(self._finished) < stepped:
+                if self._engine.to_send_again:
+                    _core.run_holding_interrupt(self._send_again)
+                steps.recv(stepped - len(self._finished), self._finished)
+            ids = self._finished.head(stepped)
+            try:
+                records = steps.records(ids) if stepped else []
+                break
+            except RecordsLost:  # their worker died with a record of theirs: they go again, to report it
+                _core.run_holding_interrupt(self._send_again, True)
         if resets:
             reset_rows = self._reset_ready[:resets]
             ids = np.concatenate((np.array(reset_rows, dtype=np.int64), ids))
@@ -183,14 +195,27 @@ class SendRecv:
 
     def _send_lost(self) -> None:
         """In async mode, after a command during which workers were replaced."""
-        if self._async_mode and self._engine.restarted_rows:
-            self._send_again(self._engine.restarted_rows)
+        if self._async_mode and self._engine.to_send_again:
+            _core.run_holding_interrupt(self._send_again)
 
-    def _send_again(self, restarted: list[int]) -> None:
-        """Fresh workers replaced failed ones: the envs they had in flight
-        go again, to come back with their restart reports (which ignore the
-        action); the others report at their next send()."""
-        finished = set(self._finished.head(len(self._finished)).tolist())  # came back before the failure: kept
+    def _send_again(self, drop_finished: bool = False) -> None:
+        """Fresh workers replaced failed ones (the engine's `to_send_again`,
+        cleared here): the envs they had in flight go again, to come back
+        with their restart reports (which ignore the action); the others
+        report at their next send(). Those that came back before the
+        failure are kept, unless `drop_finished`: then they go again too
+        (the failed worker kept part of their results). Run with Ctrl-C
+        held: sent and cleared together."""
+        restarted = self._engine.to_send_again
+        rows = self._finished.head(len(self._finished))
+        if drop_finished:
+            self._engine.async_steps.handed_out(restarted)
+            kept = rows[~np.isin(rows, restarted)]
+            self._finished.clear()
+            self._finished.extend(kept)
+            rows = kept
+        finished = set(rows.tolist())
         lost = [row for row in restarted if self._in_flight[row] and row not in finished]
         self._io.restore(lost)  # the failed worker may have written some of their rows
         self._engine.async_steps.send(np.array(lost, dtype=np.int64))
+        self._engine.to_send_again = []

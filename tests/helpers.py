@@ -145,3 +145,17 @@ def init_local_ray(tmp_path_factory: pytest.TempPathFactory, workers_cwd: os.Pat
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  _temp_dir=str(tmp_path_factory.mktemp("ray")))
     return tmpdir
+
+
+def row_info(infos: dict, i: int) -> dict:
+    """One env's part of vectorised infos (the inverse of _add_info), keys
+    sorted: their batched order depends on which other envs share the batch."""
+    out = {}
+    for key, value in sorted(infos.items()):
+        if key.startswith("_") or key == "env_id":
+            continue
+        mask = infos.get(f"_{key}")
+        if mask is None or not mask[i]:
+            continue
+        out[key] = row_info(value, i) if isinstance(value, dict) else value[i]
+    return out

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 from gymnasium.vector import SyncVectorEnv
-from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes
+from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes, row_info
 
 import shmvec
 from shmvec import _core
@@ -26,20 +26,6 @@ def receive_resets(envs) -> list[int]:
     """async_reset(), then receive every env's reset result."""
     envs.async_reset(seed=0)
     return [int(i) for _ in range(envs.num_envs // envs.batch_size) for i in envs.recv()[4]["env_id"]]
-
-
-def row_info(infos: dict, i: int) -> dict:
-    """One env's part of vectorised infos (the inverse of _add_info), keys
-    sorted: their batched order depends on which other envs share the batch."""
-    out = {}
-    for key, value in sorted(infos.items()):
-        if key.startswith("_") or key == "env_id":
-            continue
-        mask = infos.get(f"_{key}")
-        if mask is None or not mask[i]:
-            continue
-        out[key] = row_info(value, i) if isinstance(value, dict) else value[i]
-    return out
 
 
 def sync_trajectories(make, num_envs, actions, mode):
@@ -424,9 +410,12 @@ class EnvIdInfoEnv(SpacesEnv):
         return obs, r, te, tr, {"env_id": self.value}
 
 
-@pytest.mark.parametrize("value", [7, "mine"], ids=["column", "record"])
+@pytest.mark.parametrize("value", [7, "mine", "x" * 20_000], ids=["column", "record", "large-record"])
 @pytest.mark.parametrize("caller_steps,row", [(False, 1), (True, 0)], ids=["worker", "caller-slice"])
 def test_an_envs_own_env_id_info_is_an_error_not_overwritten(value, caller_steps, row):
+    # large-record: too large for its slot, the record is fetched from its
+    # stepper, and fetched again by the second recv() (it was handed over
+    # once and forgotten: KeyError)
     envs = shmvec.ShmVecEnv([functools.partial(EnvIdInfoEnv, value)] * 2, batch_size=1, num_workers=1,
                             caller_steps=caller_steps, start_method="fork")
     try:

@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 import pytest
-from fault_envs import GATE, HANG, KILL, OK, RAISE, Boom, ColumnInfoEnv, FailsOnceMarked, FaultEnv, actions_for, later
+from fault_envs import (GATE, HANG, KILL, OK, RAISE, Boom, ColumnInfoEnv, FailsOnceMarked, FaultEnv, actions_for, later,
+                        then_ctrl_c)
 from gymnasium.vector import SyncVectorEnv
 from helpers import (FINAL_OBS, MODES, SAME_STEP, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes,
                      sync_pair)
@@ -325,6 +326,67 @@ def test_async_death_after_an_env_finished_keeps_its_result_and_infos(tmp_path):
         envs.send(np.array([OK, OK]), [0, 1])  # both step on
         received = {int(envs.recv()[4]["env_id"][0]) for _ in range(2)}
         assert received == {0, 1}
+    finally:
+        envs.close()
+
+
+def test_async_death_before_recv_fetched_a_large_record_reports_the_env(tmp_path):
+    """Env 0 finished with an info too large for its record slot, which its
+    worker keeps until recv() asks; the worker then dies stepping env 1.
+    The record died with it: env 0 is sent again to the fresh worker and
+    comes back with its restart report, as an env in flight does. recv()
+    raised WorkerDiedError and the vector env was broken."""
+    gate = tmp_path / "gate"
+    make = functools.partial(ColumnInfoEnv, blob=20_000, gate=str(gate), hang_s=30)
+    envs = shmvec.ShmVecEnv([make] * 3, batch_size=1, num_workers=1, caller_steps=False, start_method="fork",
+                            restart_failed_workers=True)
+    try:
+        envs.async_reset(seed=0)
+        for _ in range(3):
+            envs.recv()
+        envs.send(np.array([OK, GATE]), [0, 1])
+        with later((0.5, gate.touch)):
+            reports = {}
+            for _ in range(2):
+                obs, rewards, terms, truncs, infos = envs.recv()
+                gate.touch()
+                reports[int(infos["env_id"][0])] = (truncs.tolist(), infos["_shmvec_restarted"].tolist())
+        assert reports == {0: ([True], [True]), 1: ([True], [True])}
+        assert envs._engine.restarts == 1
+        for _ in range(2):  # both step on (the first step may be their autoreset), large infos and all
+            envs.send(np.array([OK, OK]), [0, 1])
+            infos = [envs.recv()[4] for _ in range(2)]
+        assert all(info["blob"][0] == "x" * 20_000 for info in infos)
+    finally:
+        envs.close()
+
+
+def test_async_ctrl_c_as_a_worker_is_replaced_loses_no_env():
+    """A Ctrl-C as recv() replaces a dead worker, before it sent that
+    worker's envs in flight again: the next recv() sends them and they come
+    back with their reports. They were lost: recv() waited for them until
+    its timeout (for ever without one)."""
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, batch_size=2, num_workers=2, caller_steps=False, start_method="fork",
+                            restart_failed_workers=True, timeout=10)
+    try:
+        envs.async_reset(seed=0)
+        envs.recv(), envs.recv()
+        envs.send(actions_for(4, row=2, action=KILL), [0, 1, 2, 3])  # worker 1 (envs 2, 3) dies
+        engine = envs._engine
+        engine.restart_failed = then_ctrl_c(engine.restart_failed)
+        received = []
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(2):
+                received += envs.recv()[4]["env_id"].tolist()
+        del engine.restart_failed
+        assert engine.restarts == 1
+        while len(received) < 4:
+            obs, rewards, terms, truncs, infos = envs.recv()
+            for j, i in enumerate(infos["env_id"].tolist()):
+                received.append(i)
+                if i in (2, 3):
+                    assert truncs[j] and infos["_shmvec_restarted"][j]
+        assert sorted(received) == [0, 1, 2, 3]
     finally:
         envs.close()
 

@@ -36,9 +36,15 @@ if TYPE_CHECKING:
     from shmvec._engine.env_slice import EnvSlice
     from shmvec._engine.torch_threads import TorchThreads
 
-__all__ = ["AsyncSteps", "RECORD_CAPACITY"]
+__all__ = ["AsyncSteps", "RECORD_CAPACITY", "RecordsLost"]
 
 RECORD_CAPACITY = 8 * 1024  # per env, for async records (infos); larger ones are fetched
+
+
+class RecordsLost(Exception):
+    """A worker died keeping the record of an env that finished (one too
+    large for its slot), before recv() fetched it. The worker was replaced:
+    the engine's `to_send_again` are its envs."""
 
 
 class AsyncSteps:
@@ -62,6 +68,10 @@ class AsyncSteps:
         self._info = engine.info_columns
         self._own = own
         self._own_overflow: dict[int, bytes] = {}  # the own slice's records too large for their slots
+        # Such records of the batch recv() is building, once taken from
+        # their stepper (which forgets them): a batch kept for the next
+        # recv() (a Ctrl-C, an error) needs them again. See handed_out().
+        self.fetched: dict[int, bytes] = {}
         # Each env's stepper: its worker, or num_workers for the caller's own slice.
         self._owner = [0] * engine.num_envs
         for w, rows in enumerate(engine.worker_rows):
@@ -106,7 +116,7 @@ class AsyncSteps:
         dropped, changes nothing: the workers step what they were sent.)
         With restarts, a worker found dead or hung (now, or every
         CHECK_EVERY_S while other envs keep coming) is replaced instead:
-        then no row is appended and the engine's `restarted_rows` says which
+        then no row is appended and the engine's `to_send_again` says which
         envs are new (the front end sends again those it had in flight)."""
         engine, pool = self._engine, self._pool
         engine.cycle.check_usable()
@@ -186,21 +196,33 @@ class AsyncSteps:
     def _restart(self) -> bool:
         """Replaces workers that died, or that have had envs in flight and
         finished none for `timeout` seconds; whether it did."""
+        self._replaced = False
+        _core.run_holding_interrupt(self._find_and_replace_failed)
+        return self._replaced
+
+    def _find_and_replace_failed(self) -> None:
+        """_restart(), with Ctrl-C held: one in the middle would leave a
+        worker half replaced, or a dead one listed twice."""
         pool = self._pool
         now = time.monotonic()
         self._next_check = now + self.CHECK_EVERY_S
+        listed = {w for w, _ in pool.failed}  # given up on by a wait that a Ctrl-C cut short
         dead = self._channel.first_dead(pool.sentinels) - 1
-        if dead >= 0:
+        if dead >= 0 and dead not in listed:
             pool.failed.append((dead, pool.exit_cause(dead)))
         pool.failed += [(w, f"hung for more than timeout={pool.timeout} s")
-                        for w in self._progress_hung(now) if w != dead]
+                        for w in self._progress_hung(now) if w != dead and w not in listed]
+        self._replace_failed(now)
+
+    def _replace_failed(self, now: float) -> None:
+        """Replaces the pool's failed workers, if any (with Ctrl-C held)."""
+        pool = self._pool
         for w, _ in pool.failed:
             pool.kill(w)
             self._progress[w] = (0, now)  # its rings start again from 0
-        if not pool.failed:
-            return False
-        self._engine.restart_failed()
-        return True
+        if pool.failed:
+            self._engine.restart_failed()
+            self._replaced = True
 
     def _workers_in_flight(self) -> list[int]:
         """Workers with envs sent and not yet finished (those a timeout names)."""
@@ -240,6 +262,30 @@ class AsyncSteps:
         in that order (see record())."""
         return [record for record in map(self.record, self._channel.rows_with_records(rows)) if record is not None]
 
+    def handed_out(self, rows: list[int] | None = None) -> None:
+        """The batch that needed the `fetched` records (those of `rows`, or
+        all) was handed out, or its envs go again: they are not needed any more."""
+        if rows is None:
+            self.fetched.clear()
+        else:
+            for row in rows:
+                self.fetched.pop(row, None)
+
+    def _fetch_record(self, row: int) -> bytes:
+        """A record too large for its slot, from the worker that keeps it.
+        With restarts, a worker that died meanwhile took it along: it is
+        replaced, and RecordsLost says so."""
+        transport, pool = self._engine.transport, self._pool
+        owner = int(self._owner[row])
+        if not pool.restart:
+            return P.loads(transport.request(P.FETCH_RECORD, [P.dumps(row)], [owner])[0])
+        transport.post(P.FETCH_RECORD, [P.dumps(row)], [owner])
+        pool.wait(restart=True)  # a dead or hung owner is given up on, into pool.failed
+        if pool.failed:
+            _core.run_holding_interrupt(self._replace_failed, time.monotonic())
+            raise RecordsLost
+        return P.loads(transport.replies([owner])[0])
+
     def record(self, row: int) -> StepRecord | None:
         """The record of an env's last async step (None if it has none);
         raises the env's exception if the step failed (its batch is then
@@ -247,11 +293,12 @@ class AsyncSteps:
         length, is_error, overflow = self._channel.record(row)
         if not length:
             return None
-        if overflow and self._owner[row] == self._engine.num_workers:  # the caller's own slice's
-            data = self._own_overflow.pop(row)
-        elif overflow:
-            owner = self._owner[row]
-            data = P.loads(self._engine.transport.request(P.FETCH_RECORD, [P.dumps(row)], [owner])[0])
+        if overflow:
+            data = self.fetched.get(row)
+            if data is None:
+                data = self._own_overflow.pop(row) if self._owner[row] == self._engine.num_workers \
+                    else self._fetch_record(row)
+                self.fetched[row] = data
         else:
             data = self._channel.record_bytes(row)
         record = P.loads(data)

@@ -139,6 +139,9 @@ class Engine(CommandRunner):
         self._placement = WorkerPlacement(self.pool, follows) if watched else None
         self._reset_mask: np.ndarray | None = None  # the last reset's
         self.restarted_rows: list[int] = []  # envs restarted by the last command (or recv)
+        # Async mode: envs restarted whose envs in flight the front end has
+        # not sent again yet (kept until it has: a Ctrl-C may come between).
+        self.to_send_again: list[int] = []
         self.filter_sync = FilterSync()  # the workers start with the caller's filters of now
         self._command: _Command | None = None  # begun, results not yet collected
         # The command finish() completed last, until the front end's call
@@ -286,6 +289,8 @@ class Engine(CommandRunner):
             self.transport.request(P.MARK_RESTARTED, None, [w])
             self.info_columns.forget(w + (1 if self._caller is not None else 0))
             self.restarted_rows += list(self.worker_rows[w])
+            if self.async_mode:
+                self.to_send_again += list(self.worker_rows[w])
             self.filter_sync.forget()  # it took the caller's filters of now
             if self._placement is not None:
                 self._placement.forget()
