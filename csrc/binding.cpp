@@ -196,7 +196,8 @@ struct KeptWarnings {
 // returns (pickled by `dumps`; with the warnings the step raised, wrapped by
 // the relay), or the env's exception (encode_error(exc, row) -> bytes),
 // which recv() raises. A record too large for its slot waits in `overflow`
-// for the front end to fetch it. The caller's own slice passes
+// for the front end to fetch it, until the env's next step: a batch that a
+// Ctrl-C kept for the next recv() fetches it again. The caller's own slice passes
 // `pass_interrupts`: a KeyboardInterrupt (a second Ctrl-C) is not the env's
 // error but stops recv(); the env is left with no record.
 void step_async_row(const AsyncRegion& region, Stepper& stepper, uint32_t row, py::object& dumps,
@@ -204,6 +205,8 @@ void step_async_row(const AsyncRegion& region, Stepper& stepper, uint32_t row, p
                     const KeptWarnings& kept) {
   RecordSlot* slot = region.record(row);
   slot->length = slot->is_error = slot->overflow = 0;  // no record, unless the step leaves one
+  if (PyDict_GET_SIZE(overflow.ptr()) != 0 && PyDict_DelItem(overflow.ptr(), py::int_(row).ptr()) != 0)
+    PyErr_Clear();  // (KeyError: its last step's record was not kept here)
   py::object record;
   try {
     record = stepper.step_row(row);

@@ -57,7 +57,6 @@ class SendRecv:
         self._reset_ready.clear()  # an earlier reset's results: not to be handed out if this one is cut short
         self._reset_records.clear()
         self._handed_out = None
-        steps.handed_out()
         self._reset_received(self._engine.reset(seeds, options, None))
 
     def _has_results_at_hand(self) -> bool:
@@ -105,10 +104,7 @@ class SendRecv:
             self._raise_if_closed_meanwhile()
             raise
         self._raise_if_closed_meanwhile()
-        steps = self._engine.async_steps
-        steps.caller_leaves()
-        if steps.fetched:
-            steps.handed_out()
+        self._engine.async_steps.caller_leaves()
         self._handed_out = None
         return batch
 
@@ -209,7 +205,6 @@ class SendRecv:
         restarted = self._engine.to_send_again
         rows = self._finished.head(len(self._finished))
         if drop_finished:
-            self._engine.async_steps.handed_out(restarted)
             kept = rows[~np.isin(rows, restarted)]
             self._finished.clear()
             self._finished.extend(kept)

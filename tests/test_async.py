@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
+from fault_envs import ColumnInfoEnv, then_ctrl_c
 from gymnasium.vector import SyncVectorEnv
 from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes, row_info
 
@@ -389,6 +390,30 @@ def test_large_infos_arrive_whole(caller_steps, row):
         envs.send(np.zeros(1, dtype=np.int64), [row])
         infos = envs.recv()[4]
         np.testing.assert_array_equal(infos["blob"][0], np.arange(50_000))
+    finally:
+        envs.close()
+
+
+def test_ctrl_c_as_recv_fetches_a_large_record_loses_nothing():
+    """A Ctrl-C as recv() has fetched a record too large for its slot from
+    the worker: the next recv() hands out the same batch, that record
+    included. The worker forgot a record once fetched: KeyError."""
+    envs = shmvec.ShmVecEnv([functools.partial(ColumnInfoEnv, blob=20_000)] * 4, batch_size=2, num_workers=1,
+                            caller_steps=False, start_method="fork")
+    try:
+        receive_resets(envs)
+        envs.send(np.zeros(4, dtype=np.int64), [0, 1, 2, 3])
+        steps = envs._engine.async_steps
+        steps._fetch_record = then_ctrl_c(steps._fetch_record)
+        with pytest.raises(KeyboardInterrupt):
+            envs.recv()
+        del steps._fetch_record
+        received = []
+        for _ in range(2):
+            infos = envs.recv()[4]
+            received += infos["env_id"].tolist()
+            assert list(infos["blob"]) == ["x" * 20_000] * 2 and infos["t"].tolist() == [1, 1]
+        assert sorted(received) == [0, 1, 2, 3]
     finally:
         envs.close()
 

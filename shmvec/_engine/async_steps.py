@@ -68,10 +68,6 @@ class AsyncSteps:
         self._info = engine.info_columns
         self._own = own
         self._own_overflow: dict[int, bytes] = {}  # the own slice's records too large for their slots
-        # Such records of the batch recv() is building, once taken from
-        # their stepper (which forgets them): a batch kept for the next
-        # recv() (a Ctrl-C, an error) needs them again. See handed_out().
-        self.fetched: dict[int, bytes] = {}
         # Each env's stepper: its worker, or num_workers for the caller's own slice.
         self._owner = [0] * engine.num_envs
         for w, rows in enumerate(engine.worker_rows):
@@ -262,15 +258,6 @@ class AsyncSteps:
         in that order (see record())."""
         return [record for record in map(self.record, self._channel.rows_with_records(rows)) if record is not None]
 
-    def handed_out(self, rows: list[int] | None = None) -> None:
-        """The batch that needed the `fetched` records (those of `rows`, or
-        all) was handed out, or its envs go again: they are not needed any more."""
-        if rows is None:
-            self.fetched.clear()
-        else:
-            for row in rows:
-                self.fetched.pop(row, None)
-
     def _fetch_record(self, row: int) -> bytes:
         """A record too large for its slot, from the worker that keeps it.
         With restarts, a worker that died meanwhile took it along: it is
@@ -293,12 +280,9 @@ class AsyncSteps:
         length, is_error, overflow = self._channel.record(row)
         if not length:
             return None
-        if overflow:
-            data = self.fetched.get(row)
-            if data is None:
-                data = self._own_overflow.pop(row) if self._owner[row] == self._engine.num_workers \
-                    else self._fetch_record(row)
-                self.fetched[row] = data
+        if overflow:  # kept by its stepper until the env's next step
+            data = self._own_overflow[row] if self._owner[row] == self._engine.num_workers \
+                else self._fetch_record(row)
         else:
             data = self._channel.record_bytes(row)
         record = P.loads(data)

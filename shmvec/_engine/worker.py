@@ -207,7 +207,7 @@ class Worker:
                                           layout.record_capacity, layout.async_rings)
             return None
         if code == P.FETCH_RECORD:
-            return self.overflow.pop(args)
+            return self.overflow[args]  # kept until the env's next step (see step_async_row)
         if code == P.STEP:  # a step whose actions have leaves without a fixed shape
             return s.step(args)
         if code == P.RESET:
