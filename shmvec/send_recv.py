@@ -145,16 +145,17 @@ class SendRecv:
             if batch is not None:
                 return batch
         while True:
-            while len(self._finished) < stepped:
-                if self._engine.to_send_again:
-                    _core.run_holding_interrupt(self._send_again)
+            if self._engine.to_send_again:  # a worker was replaced (now, or before a Ctrl-C)
+                _core.run_holding_interrupt(self._send_again)
+            if len(self._finished) < stepped:
                 steps.recv(stepped - len(self._finished), self._finished)
+                continue
             ids = self._finished.head(stepped)
             try:
                 records = steps.records(ids) if stepped else []
                 break
-            except RecordsLost:  # their worker died with a record of theirs: they go again, to report it
-                _core.run_holding_interrupt(self._send_again, True)
+            except RecordsLost:  # their worker died keeping a record of theirs: replaced, its envs go again
+                continue
         if resets:
             reset_rows = self._reset_ready[:resets]
             ids = np.concatenate((np.array(reset_rows, dtype=np.int64), ids))
@@ -194,23 +195,20 @@ class SendRecv:
         if self._async_mode and self._engine.to_send_again:
             _core.run_holding_interrupt(self._send_again)
 
-    def _send_again(self, drop_finished: bool = False) -> None:
+    def _send_again(self) -> None:
         """Fresh workers replaced failed ones (the engine's `to_send_again`,
-        cleared here): the envs they had in flight go again, to come back
-        with their restart reports (which ignore the action); the others
-        report at their next send(). Those that came back before the
-        failure are kept, unless `drop_finished`: then they go again too
-        (the failed worker kept part of their results). Run with Ctrl-C
-        held: sent and cleared together."""
+        cleared here): their envs not yet handed out go again, to come back
+        with their restart reports (which ignore the action), those that
+        had finished too (their results may be part in the dead worker: a
+        record it kept, infos under its schema); the others report at their
+        next send(). Run with Ctrl-C held: sent and cleared together."""
         restarted = self._engine.to_send_again
         rows = self._finished.head(len(self._finished))
-        if drop_finished:
-            kept = rows[~np.isin(rows, restarted)]
+        gone = np.isin(rows, restarted)
+        if gone.any():
             self._finished.clear()
-            self._finished.extend(kept)
-            rows = kept
-        finished = set(rows.tolist())
-        lost = [row for row in restarted if self._in_flight[row] and row not in finished]
+            self._finished.extend(rows[~gone])
+        lost = [row for row in restarted if self._in_flight[row]]
         self._io.restore(lost)  # the failed worker may have written some of their rows
         self._engine.async_steps.send(np.array(lost, dtype=np.int64))
         self._engine.to_send_again = []

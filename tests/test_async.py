@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
-from fault_envs import ColumnInfoEnv, then_ctrl_c
+from fault_envs import HANG, OK, ColumnInfoEnv, ctrl_c, later, then_ctrl_c
 from gymnasium.vector import SyncVectorEnv
 from helpers import AUTORESETTING_MODES, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes, row_info
 
@@ -414,6 +414,30 @@ def test_ctrl_c_as_recv_fetches_a_large_record_loses_nothing():
             received += infos["env_id"].tolist()
             assert list(infos["blob"]) == ["x" * 20_000] * 2 and infos["t"].tolist() == [1, 1]
         assert sorted(received) == [0, 1, 2, 3]
+    finally:
+        envs.close()
+
+
+def test_ctrl_c_while_recv_waits_for_a_large_record_loses_nothing():
+    """The worker answers a fetch of a record too large for its slot between
+    two steps, here after a slow one (1 s). A Ctrl-C during that wait: the
+    next recv() waits the fetch out and hands out the batch, record
+    included. It posted a second fetch beside the first: RuntimeError
+    "post() while workers are still busy with a command", at every recv()."""
+    make = functools.partial(ColumnInfoEnv, blob=20_000, hang_s=1.0)
+    envs = shmvec.ShmVecEnv([make] * 3, batch_size=1, num_workers=1, caller_steps=False, start_method="fork")
+    try:
+        receive_resets(envs)
+        envs.send(np.array([OK, HANG]), [0, 1])
+        while not envs._engine.async_steps.wait_finished(1, 5.0):
+            pass
+        with later((0.3, ctrl_c)), pytest.raises(KeyboardInterrupt):
+            envs.recv()  # env 0's record: fetched once the worker is done with env 1's step
+        received = {}
+        for _ in range(2):
+            infos = envs.recv()[4]
+            received[int(infos["env_id"][0])] = infos["blob"][0]
+        assert received == {0: "x" * 20_000, 1: "x" * 20_000}
     finally:
         envs.close()
 

@@ -259,19 +259,27 @@ class AsyncSteps:
         return [record for record in map(self.record, self._channel.rows_with_records(rows)) if record is not None]
 
     def _fetch_record(self, row: int) -> bytes:
-        """A record too large for its slot, from the worker that keeps it.
-        With restarts, a worker that died meanwhile took it along: it is
-        replaced, and RecordsLost says so."""
-        transport, pool = self._engine.transport, self._pool
+        """A record too large for its slot, from the worker that keeps it
+        (until the env's next step). The worker answers between two steps."""
         owner = int(self._owner[row])
+        if self._channel.busy:  # a fetch that a Ctrl-C cut short: its answer is not needed
+            self._wait_fetched()
+        self._engine.transport.post(P.FETCH_RECORD, [P.dumps(row)], [owner])
+        self._wait_fetched()
+        return P.loads(self._engine.transport.replies([owner])[0])
+
+    def _wait_fetched(self) -> None:
+        """Waits for a worker's answer to a fetch. With restarts, a worker
+        that died meanwhile took the records it kept along: it is replaced,
+        and RecordsLost says so."""
+        pool = self._pool
         if not pool.restart:
-            return P.loads(transport.request(P.FETCH_RECORD, [P.dumps(row)], [owner])[0])
-        transport.post(P.FETCH_RECORD, [P.dumps(row)], [owner])
-        pool.wait(restart=True)  # a dead or hung owner is given up on, into pool.failed
+            pool.wait()
+            return
+        pool.wait(restart=True)  # a dead or hung worker is given up on, into pool.failed
         if pool.failed:
             _core.run_holding_interrupt(self._replace_failed, time.monotonic())
             raise RecordsLost
-        return P.loads(transport.replies([owner])[0])
 
     def record(self, row: int) -> StepRecord | None:
         """The record of an env's last async step (None if it has none);
