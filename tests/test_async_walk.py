@@ -169,12 +169,14 @@ class Model:
 
     def get_attr(self) -> None:
         self.log.append("get_attr('t')")
-        for _ in range(3):  # a worker found dead during the call: ShmVecError, call again
+        for attempt in range(2):  # a worker found dead during the call: ShmVecError, call again
             try:
                 steps = self.envs.get_attr("t")
                 break
-            except ShmVecError:
-                continue
+            except ShmVecError as exc:
+                self.log.append(f"  {exc}")
+                if attempt:
+                    raise
         for i, ref in enumerate(self.refs):
             if not (self.unknown[i] or self.reports_due[i] or self.maybe_report[i]):
                 assert steps[i] == ref.t, (i, steps, [ref.t for ref in self.refs])

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 import pytest
-from fault_envs import (GATE, HANG, KILL, OK, RAISE, Boom, ColumnInfoEnv, FailsOnceMarked, FaultEnv, actions_for, later,
-                        then_ctrl_c)
+from fault_envs import (GATE, HANG, KILL, OK, RAISE, Boom, ColumnInfoEnv, FailsOnceMarked, FaultEnv, actions_for, ctrl_c,
+                        later, then_ctrl_c)
 from gymnasium.vector import SyncVectorEnv
 from helpers import (FINAL_OBS, MODES, SAME_STEP, assert_same, autoreset_kwargs, mode_id, needs_autoreset_modes,
                      sync_pair)
@@ -387,6 +387,35 @@ def test_async_ctrl_c_as_a_worker_is_replaced_loses_no_env():
                 if i in (2, 3):
                     assert truncs[j] and infos["_shmvec_restarted"][j]
         assert sorted(received) == [0, 1, 2, 3]
+    finally:
+        envs.close()
+
+
+def test_async_death_after_an_interrupted_record_fetch_is_a_restart():
+    """A Ctrl-C while recv() waits for a worker to hand over a record too
+    large for its slot; the worker then dies, and get_attr() waits that
+    fetch out: the worker is replaced (get_attr() says call again) and its
+    envs come back with their reports. The wait raised WorkerDiedError
+    and broke the vector env, restarts on or not."""
+    make = functools.partial(ColumnInfoEnv, blob=20_000, hang_s=1.0)
+    envs = shmvec.ShmVecEnv([make] * 3, batch_size=1, num_workers=1, caller_steps=False, start_method="fork",
+                            restart_failed_workers=True)
+    try:
+        envs.async_reset(seed=0)
+        for _ in range(3):
+            envs.recv()
+        envs.send(np.array([OK, HANG]), [0, 1])  # the worker answers the fetch of env 0's record after env 1's step
+        while not envs._engine.async_steps.wait_finished(1, 5.0):
+            pass
+        with later((0.3, ctrl_c)), pytest.raises(KeyboardInterrupt):
+            envs.recv()
+        kill_worker(envs, 0)
+        with pytest.raises(shmvec.ShmVecError, match="restarted"):
+            envs.get_attr("t")
+        assert envs.get_attr("t") == (0, 0, 0) and envs._engine.restarts == 1
+        for _ in range(2):
+            truncs, infos = envs.recv()[3:]
+            assert truncs.tolist() == [True] and infos["_shmvec_restarted"].tolist() == [True]
     finally:
         envs.close()
 

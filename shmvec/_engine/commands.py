@@ -79,9 +79,11 @@ class CommandRunner:
 
     def _wait_out_unread(self) -> None:
         """Waits out a command whose results nobody will read (the workers'
-        part of a batch whose caller slice was interrupted): its replies are
-        dropped."""
-        self.pool.wait()
+        part of a batch whose caller slice was interrupted, an async record
+        fetch that a Ctrl-C cut short): its replies are dropped. With
+        restarts, a worker that died meanwhile is given up on, to be
+        replaced as the next command collects its replies."""
+        self.pool.wait(restart=True)
 
     @property
     def in_owner(self) -> bool:

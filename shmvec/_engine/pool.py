@@ -178,7 +178,8 @@ class WorkerPool:
             for w, cause in failed:
                 self.channel.abandon(w)
                 self.kill(w)
-                self.failed.append((w, cause))
+                if all(w != listed for listed, _ in self.failed):  # (given up on by an earlier wait)
+                    self.failed.append((w, cause))
             code = self._wait_channel(limit)
         if code < 0 and by_call:
             raise still_pending(call_timeout)
