@@ -49,11 +49,11 @@ class SendRecv:
         while True:
             self._in_flight[self._finished.head(len(self._finished))] = False
             self._finished.clear()
+            self._in_flight[self._engine.to_send_again] = False  # a restart lost its own: none will land
+            self._engine.to_send_again = []
             if not self._in_flight.any():
                 break
             steps.recv(int(self._in_flight.sum()), self._finished, discard=True)
-            self._in_flight[self._engine.to_send_again] = False  # a restart lost its own
-            self._engine.to_send_again = []
         self._reset_ready.clear()  # an earlier reset's results: not to be handed out if this one is cut short
         self._reset_records.clear()
         self._handed_out = None

@@ -391,6 +391,29 @@ def test_async_ctrl_c_as_a_worker_is_replaced_loses_no_env():
         envs.close()
 
 
+def test_async_reset_after_a_ctrl_c_as_a_worker_is_replaced_returns():
+    """As above, but async_reset() comes next: it lets the envs in flight
+    land before it resets, and those of the replaced worker never will. It
+    waited for them until its timeout (for ever without one)."""
+    envs = shmvec.ShmVecEnv([FaultEnv] * 4, batch_size=2, num_workers=2, caller_steps=False, start_method="fork",
+                            restart_failed_workers=True, timeout=10)
+    try:
+        envs.async_reset(seed=0)
+        envs.recv(), envs.recv()
+        envs.send(actions_for(4, row=2, action=KILL), [0, 1, 2, 3])  # worker 1 (envs 2, 3) dies
+        engine = envs._engine
+        engine.restart_failed = then_ctrl_c(engine.restart_failed)
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(2):
+                envs.recv()
+        del engine.restart_failed
+        envs.async_reset(seed=1)
+        received = [i for _ in range(2) for i in envs.recv()[4]["env_id"].tolist()]
+        assert sorted(received) == [0, 1, 2, 3]
+    finally:
+        envs.close()
+
+
 def test_async_death_after_an_interrupted_record_fetch_is_a_restart():
     """A Ctrl-C while recv() waits for a worker to hand over a record too
     large for its slot; the worker then dies, and get_attr() waits that
