@@ -361,6 +361,24 @@ def test_async_death_before_recv_fetched_a_large_record_reports_the_env(tmp_path
         envs.close()
 
 
+def ctrl_c_as_worker_1_is_replaced(envs) -> list[int]:
+    """Sends 4 FaultEnvs, env 2 to kill worker 1 (envs 2, 3); recv() replaces
+    it and a Ctrl-C comes before it sends those envs again. Returns the
+    envs recv() handed out before that."""
+    envs.async_reset(seed=0)
+    envs.recv(), envs.recv()
+    envs.send(actions_for(4, row=2, action=KILL), [0, 1, 2, 3])
+    engine = envs._engine
+    engine.restart_failed = then_ctrl_c(engine.restart_failed)
+    received = []
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(2):
+            received += envs.recv()[4]["env_id"].tolist()
+    del engine.restart_failed
+    assert engine.restarts == 1
+    return received
+
+
 def test_async_ctrl_c_as_a_worker_is_replaced_loses_no_env():
     """A Ctrl-C as recv() replaces a dead worker, before it sent that
     worker's envs in flight again: the next recv() sends them and they come
@@ -369,17 +387,7 @@ def test_async_ctrl_c_as_a_worker_is_replaced_loses_no_env():
     envs = shmvec.ShmVecEnv([FaultEnv] * 4, batch_size=2, num_workers=2, caller_steps=False, start_method="fork",
                             restart_failed_workers=True, timeout=10)
     try:
-        envs.async_reset(seed=0)
-        envs.recv(), envs.recv()
-        envs.send(actions_for(4, row=2, action=KILL), [0, 1, 2, 3])  # worker 1 (envs 2, 3) dies
-        engine = envs._engine
-        engine.restart_failed = then_ctrl_c(engine.restart_failed)
-        received = []
-        with pytest.raises(KeyboardInterrupt):
-            for _ in range(2):
-                received += envs.recv()[4]["env_id"].tolist()
-        del engine.restart_failed
-        assert engine.restarts == 1
+        received = ctrl_c_as_worker_1_is_replaced(envs)
         while len(received) < 4:
             obs, rewards, terms, truncs, infos = envs.recv()
             for j, i in enumerate(infos["env_id"].tolist()):
@@ -398,15 +406,7 @@ def test_async_reset_after_a_ctrl_c_as_a_worker_is_replaced_returns():
     envs = shmvec.ShmVecEnv([FaultEnv] * 4, batch_size=2, num_workers=2, caller_steps=False, start_method="fork",
                             restart_failed_workers=True, timeout=10)
     try:
-        envs.async_reset(seed=0)
-        envs.recv(), envs.recv()
-        envs.send(actions_for(4, row=2, action=KILL), [0, 1, 2, 3])  # worker 1 (envs 2, 3) dies
-        engine = envs._engine
-        engine.restart_failed = then_ctrl_c(engine.restart_failed)
-        with pytest.raises(KeyboardInterrupt):
-            for _ in range(2):
-                envs.recv()
-        del engine.restart_failed
+        ctrl_c_as_worker_1_is_replaced(envs)
         envs.async_reset(seed=1)
         received = [i for _ in range(2) for i in envs.recv()[4]["env_id"].tolist()]
         assert sorted(received) == [0, 1, 2, 3]
